@@ -1,0 +1,25 @@
+package dedupe
+
+// All of the inbox's SQL, in one place.
+const (
+	// The claim. ON CONFLICT DO NOTHING waits on a concurrent uncommitted claim of the
+	// same key, then skips it: exactly one transaction sees each key as new.
+	sqlClaimBatch = `
+INSERT INTO idem_inbox (consumer, key, fingerprint, status, completed_at, expires_at)
+SELECT $1, k, f, 'done', now(), now() + $4::interval
+FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS t(k, f, n)
+ORDER BY n
+ON CONFLICT (consumer, key) DO NOTHING
+RETURNING key`
+
+	sqlSetResults = `
+UPDATE idem_inbox AS i SET result = t.r
+FROM unnest($2::text[], $3::bytea[]) AS t(k, r)
+WHERE i.consumer = $1 AND i.key = t.k`
+
+	sqlLookup = `
+SELECT key, fingerprint, status, result, lease_until, step, created_at, completed_at, expires_at
+FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`
+)
+
+const sqlUnclaim = `DELETE FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`

@@ -1,0 +1,366 @@
+// Package service assembles the idem worker: migrations, the HTTP ingress, the
+// outbox relay and the consumers, over one Postgres pool and one JetStream
+// connection (an embedded server when no NATS URL is given). cmd/worker is a thin
+// flag parser over it; tests, the chaos suite and the benchmark start it in-process.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/producer"
+)
+
+// DefaultDatabaseURL is used when Config.DatabaseURL is empty.
+const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// Config configures the worker. The zero value runs everything with defaults and an
+// embedded JetStream server under ./idem-data.
+type Config struct {
+	// DatabaseURL (default DefaultDatabaseURL).
+	DatabaseURL string
+	// NATSURL: empty starts an embedded JetStream server with its store under
+	// DataDir/jetstream.
+	NATSURL string
+	// DataDir holds the embedded server's store (default ./idem-data).
+	DataDir string
+	// EmbeddedNATSPort: the embedded server's port (default: a free port).
+	EmbeddedNATSPort int
+	// HTTPAddr is the ingress address (default 127.0.0.1:8080; ":0" picks a port).
+	HTTPAddr string
+
+	// Components to run; all on unless disabled (several workers may split roles).
+	DisableIngress, DisableRelay, DisableConsumers bool
+
+	// ChargeConsumer tunes the idem.payments.charge consumer; Name, Subject and
+	// handler are filled in.
+	ChargeConsumer consumer.Config
+	// Relay tunes the outbox relay.
+	Relay outbox.RelayConfig
+	// Stream is used when the stream IDEM has to be created.
+	Stream outbox.StreamConfig
+	// Ingress tunes the HTTP idempotency middleware.
+	Ingress producer.MiddlewareConfig
+
+	// Faults arms deterministic fault points (nil: none).
+	Faults *faults.Set
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// NATSURLFile, under DataDir, holds the embedded JetStream server's URL while it runs.
+const NATSURLFile = "nats.url"
+
+// ChargeConsumerName is the durable consumer (and inbox consumer) of charges.
+const ChargeConsumerName = "charges"
+
+func (c Config) withDefaults() Config {
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = DefaultDatabaseURL
+	}
+	if c.DataDir == "" {
+		c.DataDir = "idem-data"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = "127.0.0.1:8080"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Service is a running worker.
+type Service struct {
+	cfg    Config
+	log    *slog.Logger
+	Pool   *pgxpool.Pool
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	nats   *embeddednats.Server // nil with an external server
+	http   *http.Server
+	ln     net.Listener
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	errs   chan error
+}
+
+// Start connects, migrates and starts every enabled component. Stop it with
+// Shutdown.
+func Start(ctx context.Context, cfg Config) (*Service, error) {
+	cfg = cfg.withDefaults()
+	s := &Service{cfg: cfg, log: cfg.Logger, errs: make(chan error, 8)}
+	ok := false
+	defer func() {
+		if !ok {
+			s.closeConns()
+		}
+	}()
+
+	if err := s.connect(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := outbox.EnsureStream(ctx, s.JS, cfg.Stream); err != nil {
+		return nil, err
+	}
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if !cfg.DisableConsumers {
+		if err := s.startCharges(runCtx); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
+	if !cfg.DisableRelay {
+		if err := s.startRelay(runCtx); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
+	if err := s.startHTTP(); err != nil {
+		cancel()
+		return nil, err
+	}
+	ok = true
+	return s, nil
+}
+
+// connect opens the pool (migrating the schema) and the JetStream connection.
+func (s *Service) connect(ctx context.Context) error {
+	pcfg, err := pgxpool.ParseConfig(s.cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("service: DATABASE_URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("service: open database pool: %w", err)
+	}
+	s.Pool = pool
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		return fmt.Errorf("service: no Postgres answers at %s: %w (start one, or use docker-compose.yml)", redact(s.cfg.DatabaseURL), err)
+	}
+	applied, err := migrations.Apply(ctx, pool)
+	if err != nil {
+		return err
+	}
+	if len(applied) > 0 {
+		s.log.Info("schema migrated", "applied", applied)
+	}
+
+	url := s.cfg.NATSURL
+	if url == "" {
+		store := filepath.Join(s.cfg.DataDir, "jetstream")
+		ns, err := embeddednats.Start(embeddednats.Config{StoreDir: store, Port: s.cfg.EmbeddedNATSPort, SyncAlways: true})
+		if err != nil {
+			return fmt.Errorf("service: embedded JetStream: %w", err)
+		}
+		s.nats = ns
+		url = ns.URL()
+		// Operator commands (dead-letters replay) find the embedded server here.
+		if err := os.WriteFile(filepath.Join(s.cfg.DataDir, NATSURLFile), []byte(url+"\n"), 0o644); err != nil {
+			return fmt.Errorf("service: record embedded NATS URL: %w", err)
+		}
+		s.log.Info("embedded JetStream started", "url", url, "store", store)
+	}
+	nc, err := nats.Connect(url, nats.Name("idem-worker"), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("service: connect to NATS at %s: %w", url, err)
+	}
+	s.NC = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("service: jetstream: %w", err)
+	}
+	s.JS = js
+	return nil
+}
+
+func (s *Service) startCharges(ctx context.Context) error {
+	cc := s.cfg.ChargeConsumer
+	cc.Name, cc.Subject = ChargeConsumerName, idem.SubjectCharge
+	cc.Handler, cc.BatchHandler = nil, demo.ChargeHandler{}
+	if cc.Logger == nil {
+		cc.Logger = s.log
+	}
+	if s.cfg.Faults.Armed(faults.ConsumerAfterCommit) {
+		prev := cc.AfterCommit
+		cc.AfterCommit = func(ctx context.Context, ds []*consumer.Delivery) error {
+			s.cfg.Faults.Hit(faults.ConsumerAfterCommit)
+			if prev != nil {
+				return prev(ctx, ds)
+			}
+			return nil
+		}
+	}
+	c, err := consumer.New(s.Pool, s.JS, cc)
+	if err != nil {
+		return err
+	}
+	s.run("charges consumer", func() error { return c.Run(ctx) })
+	return nil
+}
+
+func (s *Service) startRelay(ctx context.Context) error {
+	rc := s.cfg.Relay
+	if rc.Logger == nil {
+		rc.Logger = s.log
+	}
+	if s.cfg.Faults.Armed(faults.RelayAfterPublish) {
+		prev := rc.AfterPublish
+		rc.AfterPublish = func(ctx context.Context, ids []int64) error {
+			s.cfg.Faults.Hit(faults.RelayAfterPublish)
+			if prev != nil {
+				return prev(ctx, ids)
+			}
+			return nil
+		}
+	}
+	r, err := outbox.NewRelay(s.Pool, s.JS, rc)
+	if err != nil {
+		return err
+	}
+	s.run("relay", func() error { return r.Run(ctx) })
+	return nil
+}
+
+func (s *Service) startHTTP() error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte("ok\n")) //nolint:errcheck
+	})
+	mux.HandleFunc("GET /readyz", s.readyz)
+	if !s.cfg.DisableIngress {
+		icfg := s.cfg.Ingress
+		if icfg.Logger == nil {
+			icfg.Logger = s.log
+		}
+		ingress, err := demo.NewIngress(s.Pool, icfg)
+		if err != nil {
+			return err
+		}
+		mux.Handle("/v1/", ingress)
+	}
+	ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("service: listen on %s: %w", s.cfg.HTTPAddr, err)
+	}
+	s.ln = ln
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.errs <- fmt.Errorf("http: %w", err)
+		}
+	}()
+	s.log.Info("http listening", "addr", ln.Addr().String())
+	return nil
+}
+
+// readyz answers 200 only when Postgres and NATS both answer.
+func (s *Service) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	var problems []string
+	if err := s.Pool.Ping(ctx); err != nil {
+		problems = append(problems, "postgres: "+err.Error())
+	}
+	if st := s.NC.Status(); st != nats.CONNECTED {
+		problems = append(problems, "nats: "+st.String())
+	}
+	if len(problems) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		for _, p := range problems {
+			fmt.Fprintln(w, p)
+		}
+		return
+	}
+	w.Write([]byte("ready\n")) //nolint:errcheck
+}
+
+func (s *Service) run(name string, f func() error) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := f(); err != nil {
+			s.errs <- fmt.Errorf("%s: %w", name, err)
+		}
+	}()
+}
+
+// HTTPAddr is the address the ingress listens on.
+func (s *Service) HTTPAddr() string { return s.ln.Addr().String() }
+
+// NATSURL is the URL of the JetStream server in use (the embedded one's when
+// embedded).
+func (s *Service) NATSURL() string { return s.NC.ConnectedUrl() }
+
+// Errors reports a component that stopped with an error.
+func (s *Service) Errors() <-chan error { return s.errs }
+
+// Shutdown stops accepting requests, stops fetching, lets in-flight batches commit
+// and ack, lets the relay finish its batch, and closes connections. If ctx ends
+// first it returns ctx's error; unacked messages are redelivered later, so nothing
+// is lost either way.
+func (s *Service) Shutdown(ctx context.Context) error {
+	if s.http != nil {
+		_ = s.http.Shutdown(ctx)
+	}
+	if s.cancel != nil {
+		s.cancel()
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("service: shutdown: %w", ctx.Err())
+	}
+	s.closeConns()
+	return err
+}
+
+func (s *Service) closeConns() {
+	if s.NC != nil {
+		_ = s.NC.Drain()
+		s.NC.Close()
+	}
+	if s.nats != nil {
+		s.nats.Stop()
+	}
+	if s.Pool != nil {
+		s.Pool.Close()
+	}
+}
+
+// redact hides a password in a database URL for messages.
+func redact(u string) string {
+	cfg, err := pgxpool.ParseConfig(u)
+	if err != nil || cfg.ConnConfig.Password == "" {
+		return u
+	}
+	return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+}

@@ -1,0 +1,463 @@
+package producer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// journalTestIntent is a distinct, valid intent for test number i.
+func journalTestIntent(i int) Intent {
+	return Intent{
+		Key:       idem.Key(fmt.Sprintf("key-%04d", i)),
+		Scope:     "tenant-a",
+		Method:    "POST",
+		Path:      "/v1/payments",
+		Payload:   []byte(fmt.Sprintf(`{"account":"acct_%d","amount_cents":%d}`, i, 100+i)),
+		CreatedAt: time.Date(2025, 1, 2, 3, 4, 5, i, time.UTC),
+	}
+}
+
+func journalOpenT(t *testing.T, path string) *Journal {
+	t.Helper()
+	j, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	t.Cleanup(func() { _ = j.Close() })
+	return j
+}
+
+// journalFileSize is the size of the journal file, which is where the next record
+// will start.
+func journalFileSize(t *testing.T, path string) int64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// journalKeys lists the keys of intents with their status, to compare states.
+func journalKeys(in []Intent) []string {
+	var out []string
+	for _, x := range in {
+		out = append(out, fmt.Sprintf("%s:%s:%d:%d", x.Key, x.Status, x.Attempts, x.HTTPStatus))
+	}
+	return out
+}
+
+func TestJournalRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "dir", "j.journal") // Open creates dirs
+	j := journalOpenT(t, path)
+	for i := range 4 {
+		if err := j.Append(journalTestIntent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k := func(i int) idem.Key { return journalTestIntent(i).Key }
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(j.RecordAttempt(k(0)))
+	must(j.RecordAttempt(k(0)))
+	must(j.Done(k(0), 202, []byte(`{"id":1}`), IntentDone))
+	must(j.RecordAttempt(k(1)))
+	must(j.Done(k(1), 422, []byte(`{"error":"mismatch"}`), IntentRejected))
+	must(j.RecordAttempt(k(2)))
+	must(j.Forget(k(3)))
+
+	want := j.All()
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	j2 := journalOpenT(t, path)
+	got := j2.All()
+	if !reflect.DeepEqual(journalKeys(got), journalKeys(want)) {
+		t.Fatalf("after reopen:\n got %v\nwant %v", journalKeys(got), journalKeys(want))
+	}
+	for i := range got {
+		g, w := got[i], want[i]
+		if !bytes.Equal(g.Payload, w.Payload) || !bytes.Equal(g.Response, w.Response) ||
+			!g.CreatedAt.Equal(w.CreatedAt) || g.Scope != w.Scope || g.Method != w.Method || g.Path != w.Path {
+			t.Errorf("intent %s differs after reopen:\n got %+v\nwant %+v", g.Key, g, w)
+		}
+	}
+	wantStates := []string{"key-0000:done:2:202", "key-0001:rejected:1:422", "key-0002:pending:1:0"}
+	if !reflect.DeepEqual(journalKeys(got), wantStates) {
+		t.Fatalf("states: got %v want %v", journalKeys(got), wantStates)
+	}
+	if p := j2.Pending(); len(p) != 1 || p[0].Key != k(2) {
+		t.Fatalf("Pending() = %v, want only %s", journalKeys(p), k(2))
+	}
+	if _, ok := j2.Get(k(3)); ok {
+		t.Fatal("forgotten key is back after reopen")
+	}
+	if j2.Torn() != 0 {
+		t.Fatalf("clean journal reports %d torn bytes", j2.Torn())
+	}
+}
+
+func TestJournalMisuse(t *testing.T) {
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	in := journalTestIntent(1)
+	if err := j.Append(in); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"duplicate append", j.Append(in), ErrDuplicateIntent},
+		{"invalid key", j.Append(Intent{Key: "bad\nkey"}), idem.ErrMalformedKey},
+		{"empty key", j.Append(Intent{}), idem.ErrMissingKey},
+		{"attempt unknown", j.RecordAttempt("nope"), ErrUnknownIntent},
+		{"done unknown", j.Done("nope", 200, nil, IntentDone), ErrUnknownIntent},
+		{"forget unknown", j.Forget("nope"), ErrUnknownIntent},
+		{"done first", j.Done(in.Key, 200, nil, IntentDone), nil},
+		{"done twice", j.Done(in.Key, 200, nil, IntentDone), ErrIntentFinished},
+		{"attempt after done", j.RecordAttempt(in.Key), ErrIntentFinished},
+	} {
+		if !errors.Is(tc.err, tc.want) {
+			t.Errorf("%s: err = %v, want %v", tc.name, tc.err, tc.want)
+		}
+	}
+	if err := j.Done(in.Key, 200, nil, IntentPending); err == nil {
+		t.Error("Done with a non-final status succeeded")
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Append(journalTestIntent(2)); !errors.Is(err, ErrJournalClosed) {
+		t.Errorf("append after close: err = %v, want ErrJournalClosed", err)
+	}
+}
+
+// journalTornFixture writes a journal whose last record is produced by last, and
+// returns the file's bytes, the offset where the last record starts, and the state
+// before the last record.
+func journalTornFixture(t *testing.T, last func(j *Journal) error) (data []byte, lastStart int64, before []string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "fixture")
+	j := journalOpenT(t, path)
+	for i := range 3 {
+		if err := j.Append(journalTestIntent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.RecordAttempt(journalTestIntent(0).Key); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Done(journalTestIntent(1).Key, 202, []byte(`{"ok":true}`), IntentDone); err != nil {
+		t.Fatal(err)
+	}
+	before = journalKeys(j.All())
+	lastStart = journalFileSize(t, path)
+	if err := last(j); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if int64(len(data)) <= lastStart {
+		t.Fatal("last record wrote nothing")
+	}
+	return data, lastStart, before
+}
+
+var journalLastRecords = map[string]func(j *Journal) error{
+	"intent":  func(j *Journal) error { return j.Append(journalTestIntent(9)) },
+	"attempt": func(j *Journal) error { return j.RecordAttempt(journalTestIntent(2).Key) },
+	"done": func(j *Journal) error {
+		return j.Done(journalTestIntent(2).Key, 422, []byte(`{"error":"x"}`), IntentRejected)
+	},
+	"forget": func(j *Journal) error { return j.Forget(journalTestIntent(0).Key) },
+}
+
+// A crash can cut the last write anywhere. For every byte offset inside the last
+// record: Open succeeds, every earlier record is there, the torn one is not, the tail
+// is truncated, and a later append survives a reopen (it is not stranded behind
+// garbage).
+func TestJournalTornTailEveryOffset(t *testing.T) {
+	for name, last := range journalLastRecords {
+		t.Run(name, func(t *testing.T) {
+			data, lastStart, before := journalTornFixture(t, last)
+			dir := t.TempDir()
+			for cut := lastStart; cut < int64(len(data)); cut++ {
+				path := filepath.Join(dir, fmt.Sprintf("cut-%d", cut))
+				if err := os.WriteFile(path, data[:cut], 0o600); err != nil {
+					t.Fatal(err)
+				}
+				j, err := Open(path)
+				if err != nil {
+					t.Fatalf("cut at %d: Open: %v", cut, err)
+				}
+				if got := journalKeys(j.All()); !reflect.DeepEqual(got, before) {
+					t.Fatalf("cut at %d: state\n got %v\nwant %v", cut, got, before)
+				}
+				if got, want := j.Torn(), cut-lastStart; got != want {
+					t.Fatalf("cut at %d: Torn() = %d, want %d", cut, got, want)
+				}
+				if got := journalFileSize(t, path); got != lastStart {
+					t.Fatalf("cut at %d: file is %d bytes after Open, want truncated to %d", cut, got, lastStart)
+				}
+				extra := journalTestIntent(7)
+				if err := j.Append(extra); err != nil {
+					t.Fatalf("cut at %d: append after recovery: %v", cut, err)
+				}
+				if err := j.Close(); err != nil {
+					t.Fatal(err)
+				}
+				j, err = Open(path)
+				if err != nil {
+					t.Fatalf("cut at %d: reopen: %v", cut, err)
+				}
+				if _, ok := j.Get(extra.Key); !ok {
+					t.Fatalf("cut at %d: intent appended after recovery is lost on reopen", cut)
+				}
+				if j.Torn() != 0 {
+					t.Fatalf("cut at %d: reopen found %d torn bytes", cut, j.Torn())
+				}
+				if err := j.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// A flipped bit anywhere in the last record is caught by the checksum: the record is
+// dropped as torn and reported, never replayed with wrong contents.
+func TestJournalFlippedByteInLastRecord(t *testing.T) {
+	data, lastStart, before := journalTornFixture(t, journalLastRecords["done"])
+	dir := t.TempDir()
+	for pos := lastStart; pos < int64(len(data)); pos++ {
+		bad := bytes.Clone(data)
+		bad[pos] ^= 0x5a
+		path := filepath.Join(dir, fmt.Sprintf("flip-%d", pos))
+		if err := os.WriteFile(path, bad, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		j, err := Open(path)
+		if err != nil {
+			t.Fatalf("flip at %d: Open: %v", pos, err)
+		}
+		if got := journalKeys(j.All()); !reflect.DeepEqual(got, before) {
+			t.Fatalf("flip at %d: state\n got %v\nwant %v", pos, got, before)
+		}
+		if j.Torn() != int64(len(data))-lastStart {
+			t.Fatalf("flip at %d: Torn() = %d, want %d", pos, j.Torn(), int64(len(data))-lastStart)
+		}
+		_ = j.Close()
+	}
+}
+
+// Damage followed by intact records is not a torn tail: truncating would silently
+// lose the intents after it. Open refuses and leaves the file untouched.
+func TestJournalCorruptMiddleRefused(t *testing.T) {
+	data, _, _ := journalTornFixture(t, journalLastRecords["intent"])
+	bad := bytes.Clone(data)
+	bad[len(journalMagic)+journalFrameHeader+3] ^= 0x01 // inside the first record's payload
+	path := filepath.Join(t.TempDir(), "j")
+	if err := os.WriteFile(path, bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path); !errors.Is(err, ErrJournalCorrupt) {
+		t.Fatalf("Open: err = %v, want ErrJournalCorrupt", err)
+	}
+	after, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(after, bad) {
+		t.Fatal("Open modified a corrupt journal")
+	}
+}
+
+func TestJournalNotAJournal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "notes.txt")
+	content := []byte("my shopping list\n")
+	if err := os.WriteFile(path, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path); !errors.Is(err, ErrNotJournal) {
+		t.Fatalf("Open: err = %v, want ErrNotJournal", err)
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(after, content) {
+		t.Fatal("Open modified a file that is not a journal")
+	}
+}
+
+// A crash while creating the journal can leave part of the header; that is an empty
+// journal, not a foreign file.
+func TestJournalTornHeader(t *testing.T) {
+	for n := range len(journalMagic) {
+		path := filepath.Join(t.TempDir(), "j")
+		if err := os.WriteFile(path, []byte(journalMagic[:n]), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		j, err := Open(path)
+		if err != nil {
+			t.Fatalf("header cut at %d: %v", n, err)
+		}
+		if err := j.Append(journalTestIntent(1)); err != nil {
+			t.Fatal(err)
+		}
+		_ = j.Close()
+		j = journalOpenT(t, path)
+		if len(j.All()) != 1 {
+			t.Fatalf("header cut at %d: %d intents after append and reopen, want 1", n, len(j.All()))
+		}
+		_ = j.Close()
+	}
+}
+
+// flock locks belong to an open file description, so a second Open in this process
+// conflicts exactly as a second process would.
+func TestJournalLock(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j")
+	first := journalOpenT(t, path)
+
+	if _, err := Open(path); !errors.Is(err, ErrJournalLocked) {
+		t.Fatalf("second Open: err = %v, want ErrJournalLocked", err)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err := OpenContext(ctx, path)
+	if !errors.Is(err, ErrJournalLocked) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("OpenContext with a short deadline: err = %v, want ErrJournalLocked and DeadlineExceeded", err)
+	}
+
+	// A waiter gets the journal once the holder closes it.
+	type opened struct {
+		j   *Journal
+		err error
+	}
+	started := make(chan struct{})
+	done := make(chan opened, 1)
+	go func() {
+		close(started)
+		j, err := OpenContext(t.Context(), path)
+		done <- opened{j, err}
+	}()
+	<-started
+	if err := first.Append(journalTestIntent(1)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case o := <-done:
+		t.Fatalf("OpenContext returned while the journal was held: %v", o.err)
+	default:
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatalf("waiting OpenContext: %v", o.err)
+	}
+	defer o.j.Close()
+	if _, ok := o.j.Get(journalTestIntent(1).Key); !ok {
+		t.Fatal("the waiter does not see what the holder wrote")
+	}
+}
+
+func TestJournalCompact(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j")
+	j := journalOpenT(t, path)
+	for i := range 10 {
+		in := journalTestIntent(i)
+		if err := j.Append(in); err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if err := j.RecordAttempt(in.Key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		switch i % 3 {
+		case 0:
+			if err := j.Done(in.Key, 202, []byte(`{}`), IntentDone); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			if err := j.Forget(in.Key); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	want := journalKeys(j.All())
+	sizeBefore := journalFileSize(t, path)
+	if err := j.Compact(); err != nil {
+		t.Fatal(err)
+	}
+	if got := journalKeys(j.All()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("in memory after compaction:\n got %v\nwant %v", got, want)
+	}
+	if after := journalFileSize(t, path); after >= sizeBefore {
+		t.Fatalf("compaction did not shrink the file: %d -> %d bytes", sizeBefore, after)
+	}
+	// The compacted journal keeps working and keeps excluding other openers.
+	if err := j.Append(journalTestIntent(50)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path); !errors.Is(err, ErrJournalLocked) {
+		t.Fatalf("Open during compacted session: err = %v, want ErrJournalLocked", err)
+	}
+	want = journalKeys(j.All())
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j = journalOpenT(t, path)
+	if got := journalKeys(j.All()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after compaction and reopen:\n got %v\nwant %v", got, want)
+	}
+}
+
+// Open compacts a journal that is mostly dead records. The file is built from raw
+// frames to avoid thousands of fsyncs.
+func TestJournalAutoCompactOnOpen(t *testing.T) {
+	in := journalTestIntent(1)
+	var b bytes.Buffer
+	b.WriteString(journalMagic)
+	b.Write(journalEncodeFrame(journalRecord{Kind: journalKindIntent, Key: in.Key, Method: "POST", Path: "/x", Payload: in.Payload}))
+	for range 2000 {
+		b.Write(journalEncodeFrame(journalRecord{Kind: journalKindAttempt, Key: in.Key, At: 1}))
+	}
+	path := filepath.Join(t.TempDir(), "j")
+	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j := journalOpenT(t, path)
+	got, ok := j.Get(in.Key)
+	if !ok || got.Attempts != 2000 {
+		t.Fatalf("Get = %+v, %v; want 2000 attempts", got, ok)
+	}
+	if size := journalFileSize(t, path); size >= int64(b.Len())/10 {
+		t.Fatalf("journal not compacted on open: %d bytes (was %d)", size, b.Len())
+	}
+	_ = j.Close()
+	j = journalOpenT(t, path)
+	if got, _ := j.Get(in.Key); got.Attempts != 2000 {
+		t.Fatalf("attempts after compaction and reopen = %d, want 2000", got.Attempts)
+	}
+}

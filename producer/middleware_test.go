@@ -1,0 +1,632 @@
+package producer_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/producer"
+)
+
+// testApp is a handler with a real effect: every execution inserts one
+// ledger_entries row through the middleware's transaction. ledger_entries has no
+// unique constraint on the key, so counting rows shows every execution that
+// committed — a double effect cannot hide.
+//
+// Its routes misbehave on purpose:
+//
+//	POST /ok           201 + JSON + X-Test header
+//	POST /reject       400 from the handler (a final answer: stored)
+//	POST /busy         429 on the first call, then 201 (a "not now": never stored)
+//	POST /flaky        500 on the first call after writing, then 201
+//	POST /panic        panics on the first call after writing, then 201
+//	POST /block        writes, signals entered, waits for release (or fail), 201
+//	GET  /ok           200, no key needed
+type testApp struct {
+	calls   atomic.Int64 // executions, committed or not
+	entered chan struct{}
+	release chan struct{}
+	// failAfterRelease makes /block answer 500 once released, instead of 201.
+	failAfterRelease atomic.Bool
+}
+
+func newTestApp() *testApp {
+	return &testApp{entered: make(chan struct{}, 8), release: make(chan struct{})}
+}
+
+func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		if _, ok := producer.TxFromContext(r.Context()); ok {
+			http.Error(w, "a safe method must not get a transaction", http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("hello"))
+		return
+	}
+	n := a.calls.Add(1)
+	ctx := r.Context()
+	tx, ok := producer.TxFromContext(ctx)
+	if !ok {
+		http.Error(w, "no transaction in context", http.StatusInternalServerError)
+		return
+	}
+	scoped, _ := producer.ScopedKeyFromContext(ctx)
+	if r.URL.Path == "/reject" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"the handler says no"}`))
+		return
+	}
+	var id int64
+	if err := tx.QueryRow(ctx,
+		`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct', 1) RETURNING id`,
+		scoped).Scan(&id); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	switch r.URL.Path {
+	case "/busy":
+		if n == 1 {
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+	case "/flaky":
+		if n == 1 {
+			http.Error(w, "transient failure", http.StatusInternalServerError)
+			return
+		}
+	case "/panic":
+		if n == 1 {
+			panic("boom")
+		}
+	case "/block":
+		a.entered <- struct{}{}
+		<-a.release
+		if a.failAfterRelease.Load() {
+			http.Error(w, "failed while others waited", http.StatusInternalServerError)
+			return
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Test", "first")
+	w.WriteHeader(http.StatusCreated)
+	body, _ := json.Marshal(map[string]any{"ledger_id": id, "call": n, "path": r.URL.Path})
+	_, _ = w.Write(body)
+}
+
+// outcomes records OnOutcome calls.
+type outcomes struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (o *outcomes) add(s string) { o.mu.Lock(); o.list = append(o.list, s); o.mu.Unlock() }
+func (o *outcomes) last() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if len(o.list) == 0 {
+		return ""
+	}
+	return o.list[len(o.list)-1]
+}
+
+// req is one request of a test.
+type req struct {
+	method string // default POST
+	path   string
+	key    *string // nil: no Idempotency-Key header at all
+	scope  string
+	body   string
+}
+
+func key(s string) *string { return &s }
+
+func (q req) send(h http.Handler) *httptest.ResponseRecorder {
+	method := q.method
+	if method == "" {
+		method = http.MethodPost
+	}
+	r := httptest.NewRequest(method, q.path, strings.NewReader(q.body))
+	if q.key != nil {
+		r.Header[idem.HeaderKey] = []string{*q.key} // raw, so an empty value is sent as such
+	}
+	if q.scope != "" {
+		r.Header.Set(idem.HeaderScope, q.scope)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func newMiddleware(t *testing.T, pool *pgxpool.Pool, cfg producer.MiddlewareConfig) *producer.Middleware {
+	t.Helper()
+	mw, err := producer.NewMiddleware(pool, cfg)
+	if err != nil {
+		t.Fatalf("NewMiddleware: %v", err)
+	}
+	return mw
+}
+
+func errCode(t *testing.T, w *httptest.ResponseRecorder) string {
+	t.Helper()
+	var body struct{ Error, Code string }
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatalf("error body %q is not JSON: %v", w.Body.String(), err)
+	}
+	if body.Error == "" {
+		t.Errorf("error body %q has no message", w.Body.String())
+	}
+	return body.Code
+}
+
+// TestMiddlewareStatusCodes walks every answer of the protocol. Each case is a
+// sequence of requests on a fresh database; after it, the ledger shows how many
+// executions committed and idem_requests how many keys were claimed.
+func TestMiddlewareStatusCodes(t *testing.T) {
+	t.Parallel()
+	type step struct {
+		req
+		status   int
+		replayed bool
+		code     string // JSON error code of a middleware answer
+		outcome  string // reported to OnOutcome ("" for safe methods)
+		sameAs   int    // 1-based index of an earlier step whose body must be repeated
+	}
+	body := `{"amount":1}`
+	cases := []struct {
+		name        string
+		cfg         producer.MiddlewareConfig
+		steps       []step
+		wantLedger  int
+		wantRecords int
+	}{
+		{
+			name: "first executes, duplicate replays status, headers and body",
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "two keys are two intents even with identical bodies",
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/ok", key: key("k2"), body: body}, status: 201, outcome: "new"},
+			},
+			wantLedger: 2, wantRecords: 2,
+		},
+		{
+			name: "missing key is 400 and claims nothing",
+			steps: []step{
+				{req: req{path: "/ok", body: body}, status: 400, code: "missing_idempotency_key", outcome: "rejected"},
+			},
+		},
+		{
+			name: "malformed keys are 400",
+			steps: []step{
+				{req: req{path: "/ok", key: key(""), body: body}, status: 400, code: "malformed_idempotency_key", outcome: "rejected"},
+				{req: req{path: "/ok", key: key(strings.Repeat("k", 256)), body: body}, status: 400, code: "malformed_idempotency_key", outcome: "rejected"},
+				{req: req{path: "/ok", key: key("k\x01"), body: body}, status: 400, code: "malformed_idempotency_key", outcome: "rejected"},
+				{req: req{path: "/ok", key: key("ключ"), body: body}, status: 400, code: "malformed_idempotency_key", outcome: "rejected"},
+				// The longest valid key still works.
+				{req: req{path: "/ok", key: key(strings.Repeat("k", 255)), body: body}, status: 201, outcome: "new"},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "malformed scope is 400",
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), scope: strings.Repeat("s", 256), body: body}, status: 400, code: "malformed_idempotency_scope", outcome: "rejected"},
+			},
+		},
+		{
+			name: "same key with a different body or path is 422",
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/ok", key: key("k1"), body: `{"amount":2}`}, status: 422, code: "idempotency_key_mismatch", outcome: "mismatch"},
+				{req: req{path: "/flaky", key: key("k1"), body: body}, status: 422, code: "idempotency_key_mismatch", outcome: "mismatch"},
+				{req: req{method: http.MethodPut, path: "/ok", key: key("k1"), body: body}, status: 422, code: "idempotency_key_mismatch", outcome: "mismatch"},
+				// The mismatch did not disturb the record.
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "oversize body is 413 and does not use up the key",
+			cfg:  producer.MiddlewareConfig{MaxBodyBytes: 16},
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), body: strings.Repeat("x", 17)}, status: 413, code: "body_too_large", outcome: "rejected"},
+				{req: req{path: "/ok", key: key("k1"), body: strings.Repeat("x", 16)}, status: 201, outcome: "new"},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "a handler 4xx is final: stored and replayed",
+			steps: []step{
+				{req: req{path: "/reject", key: key("k1"), body: body}, status: 400, outcome: "new"},
+				{req: req{path: "/reject", key: key("k1"), body: body}, status: 400, replayed: true, outcome: "replayed", sameAs: 1},
+			},
+			wantLedger: 0, wantRecords: 1,
+		},
+		{
+			name: "a handler 429 is not final: rolled back, retry executes",
+			steps: []step{
+				{req: req{path: "/busy", key: key("k1"), body: body}, status: 429, outcome: "failed"},
+				{req: req{path: "/busy", key: key("k1"), body: body}, status: 201, outcome: "new"},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "a handler 5xx rolls back everything, retry executes once more",
+			steps: []step{
+				{req: req{path: "/flaky", key: key("k1"), body: body}, status: 500, outcome: "failed"},
+				{req: req{path: "/flaky", key: key("k1"), body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/flaky", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 2},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "a handler panic rolls back everything, retry executes once more",
+			steps: []step{
+				{req: req{path: "/panic", key: key("k1"), body: body}, status: 500, code: "internal_error", outcome: "failed"},
+				{req: req{path: "/panic", key: key("k1"), body: body}, status: 201, outcome: "new"},
+			},
+			wantLedger: 1, wantRecords: 1,
+		},
+		{
+			name: "safe methods pass through without a key",
+			steps: []step{
+				{req: req{method: http.MethodGet, path: "/ok"}, status: 200},
+				{req: req{method: http.MethodHead, path: "/ok"}, status: 200},
+			},
+		},
+		{
+			name: "the same key in another scope is another intent",
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/ok", key: key("k1"), scope: "tenant-b", body: `{"amount":2}`}, status: 201, outcome: "new"},
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
+			},
+			wantLedger: 3, wantRecords: 3,
+		},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			var got outcomes
+			cfg := tc.cfg
+			cfg.OnOutcome = got.add
+			h := newMiddleware(t, db.Pool, cfg).Wrap(newTestApp())
+
+			var answers []*httptest.ResponseRecorder
+			for i, s := range tc.steps {
+				before := len(got.list)
+				w := s.send(h)
+				answers = append(answers, w)
+				if w.Code != s.status {
+					t.Fatalf("step %d: status %d, want %d; body %s", i+1, w.Code, s.status, w.Body)
+				}
+				if replayed := w.Header().Get(idem.HeaderReplayed) == "true"; replayed != s.replayed {
+					t.Errorf("step %d: replayed=%v, want %v", i+1, replayed, s.replayed)
+				}
+				if s.code != "" {
+					if c := errCode(t, w); c != s.code {
+						t.Errorf("step %d: error code %q, want %q", i+1, c, s.code)
+					}
+					if ct := w.Header().Get("Content-Type"); ct != "application/json" {
+						t.Errorf("step %d: error Content-Type %q", i+1, ct)
+					}
+				}
+				if s.outcome == "" && len(got.list) != before {
+					t.Errorf("step %d: unexpected outcome %q", i+1, got.last())
+				}
+				if s.outcome != "" && got.last() != s.outcome {
+					t.Errorf("step %d: outcome %q, want %q", i+1, got.last(), s.outcome)
+				}
+				if s.sameAs > 0 {
+					first := answers[s.sameAs-1]
+					if !bytes.Equal(w.Body.Bytes(), first.Body.Bytes()) {
+						t.Errorf("step %d: replayed body %q, want %q", i+1, w.Body, first.Body)
+					}
+					for _, h := range []string{"Content-Type", "X-Test"} {
+						if w.Header().Get(h) != first.Header().Get(h) {
+							t.Errorf("step %d: header %s = %q, want %q", i+1, h, w.Header().Get(h), first.Header().Get(h))
+						}
+					}
+				}
+			}
+			if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != tc.wantLedger {
+				t.Errorf("ledger_entries: %d rows, want %d", n, tc.wantLedger)
+			}
+			if n := db.Count(t, `SELECT count(*) FROM idem_requests`); n != tc.wantRecords {
+				t.Errorf("idem_requests: %d rows, want %d", n, tc.wantRecords)
+			}
+			if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE status <> 'done' OR response_code IS NULL`); n != 0 {
+				t.Errorf("idem_requests: %d rows committed without a response", n)
+			}
+		})
+	}
+}
+
+// waitFor polls cond until it holds; the test's deadline bounds it.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// lockWaiters counts backends of this test's database blocked on a heavyweight
+// lock: a duplicate's INSERT waiting on the first arrival's uncommitted row.
+func lockWaiters(t *testing.T, db *pgtest.DB) int {
+	return db.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+}
+
+// TestMiddlewareConflictWhileFirstRuns holds the first request's transaction open
+// inside the handler and shows that a duplicate whose Wait runs out gets 409 with
+// Retry-After, claims nothing, and that the first still completes and is replayed.
+func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	app := newTestApp()
+	var got outcomes
+	h := newMiddleware(t, db.Pool, producer.MiddlewareConfig{Wait: 50 * time.Millisecond, OnOutcome: got.add}).Wrap(app)
+
+	q := req{path: "/block", key: key("k1"), body: `{}`}
+	first := make(chan *httptest.ResponseRecorder, 1)
+	go func() { first <- q.send(h) }()
+	<-app.entered // the first has claimed the key and holds its transaction open
+
+	w := q.send(h)
+	if w.Code != http.StatusConflict {
+		t.Fatalf("duplicate: status %d, want 409; body %s", w.Code, w.Body)
+	}
+	if c := errCode(t, w); c != "idempotency_key_in_use" {
+		t.Errorf("duplicate: code %q", c)
+	}
+	if ra := w.Header().Get("Retry-After"); ra != "1" {
+		t.Errorf("duplicate: Retry-After %q, want 1", ra)
+	}
+	if got.last() != producer.OutcomeConflict {
+		t.Errorf("outcome %q, want conflict", got.last())
+	}
+
+	close(app.release)
+	w1 := <-first
+	if w1.Code != http.StatusCreated {
+		t.Fatalf("first: status %d; body %s", w1.Code, w1.Body)
+	}
+	w3 := q.send(h)
+	if w3.Code != http.StatusCreated || w3.Header().Get(idem.HeaderReplayed) != "true" || w3.Body.String() != w1.Body.String() {
+		t.Fatalf("retry after the first finished: %d %q replayed=%q, want the first's answer", w3.Code, w3.Body, w3.Header().Get(idem.HeaderReplayed))
+	}
+	if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 1 {
+		t.Errorf("ledger_entries: %d rows, want 1", n)
+	}
+}
+
+// TestMiddlewareDuplicateWaitsThenReplays shows the two ways a waiting duplicate
+// wakes up: the first commits (the duplicate replays its response) or the first
+// rolls back (the duplicate claims the key and executes itself). Either way there is
+// exactly one committed effect.
+func TestMiddlewareDuplicateWaitsThenReplays(t *testing.T) {
+	t.Parallel()
+	for _, firstFails := range []bool{false, true} {
+		name := map[bool]string{false: "first commits", true: "first rolls back"}[firstFails]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			app := newTestApp()
+			app.failAfterRelease.Store(firstFails)
+			h := newMiddleware(t, db.Pool, producer.MiddlewareConfig{Wait: 20 * time.Second}).Wrap(app)
+
+			q := req{path: "/block", key: key("k1"), body: `{}`}
+			first := make(chan *httptest.ResponseRecorder, 1)
+			go func() { first <- q.send(h) }()
+			<-app.entered
+
+			second := make(chan *httptest.ResponseRecorder, 1)
+			go func() { second <- q.send(h) }()
+			waitFor(t, "the duplicate to block on the first's claim", func() bool { return lockWaiters(t, db) == 1 })
+
+			if firstFails {
+				// The duplicate executes in turn, so it will block in the handler too;
+				// let it through once the first is done.
+				app.release <- struct{}{}
+				w1 := <-first
+				if w1.Code != http.StatusInternalServerError {
+					t.Fatalf("first: status %d, want 500", w1.Code)
+				}
+				<-app.entered // the duplicate claimed the key and runs the handler
+				app.failAfterRelease.Store(false)
+				close(app.release)
+				w2 := <-second
+				if w2.Code != http.StatusCreated || w2.Header().Get(idem.HeaderReplayed) != "" {
+					t.Fatalf("duplicate: %d replayed=%q, want a fresh 201", w2.Code, w2.Header().Get(idem.HeaderReplayed))
+				}
+			} else {
+				close(app.release)
+				w1, w2 := <-first, <-second
+				if w1.Code != http.StatusCreated {
+					t.Fatalf("first: status %d", w1.Code)
+				}
+				if w2.Code != w1.Code || w2.Body.String() != w1.Body.String() || w2.Header().Get(idem.HeaderReplayed) != "true" {
+					t.Fatalf("duplicate: %d %q replayed=%q, want the first's answer replayed", w2.Code, w2.Body, w2.Header().Get(idem.HeaderReplayed))
+				}
+			}
+			if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 1 {
+				t.Errorf("ledger_entries: %d rows, want 1", n)
+			}
+			if n := app.calls.Load(); n != map[bool]int64{false: 1, true: 2}[firstFails] {
+				t.Errorf("handler ran %d times", n)
+			}
+		})
+	}
+}
+
+// TestMiddlewareDatabaseDown: with the database unreachable a state-changing
+// request gets 503 with a message and Retry-After; a safe one still passes.
+func TestMiddlewareDatabaseDown(t *testing.T) {
+	t.Parallel()
+	// Port 1 refuses connections at once; the pool connects lazily, so
+	// construction succeeds, as it would for a service started before its database.
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var got outcomes
+	app := newTestApp()
+	h := newMiddleware(t, pool, producer.MiddlewareConfig{OnOutcome: got.add}).Wrap(app)
+
+	w := req{path: "/ok", key: key("k1"), body: `{}`}.send(h)
+	if w.Code != http.StatusServiceUnavailable {
+		t.Fatalf("status %d, want 503; body %s", w.Code, w.Body)
+	}
+	if c := errCode(t, w); c != "database_unavailable" {
+		t.Errorf("code %q", c)
+	}
+	if w.Header().Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	if got.last() != producer.OutcomeUnavailable {
+		t.Errorf("outcome %q", got.last())
+	}
+	if app.calls.Load() != 0 {
+		t.Error("the handler ran without a transaction")
+	}
+	if w := (req{method: http.MethodGet, path: "/ok"}).send(h); w.Code != http.StatusOK {
+		t.Errorf("GET: status %d, want 200", w.Code)
+	}
+}
+
+// TestMiddlewareExpiredKey: after its lifetime a key names nothing; the next request
+// with it executes afresh (with any payload), and PurgeExpired removes old records.
+func TestMiddlewareExpiredKey(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{KeyLifetime: time.Hour})
+	h := mw.Wrap(newTestApp())
+
+	if w := (req{path: "/ok", key: key("k1"), body: `{"a":1}`}).send(h); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE expires_at BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes'`); n != 1 {
+		t.Fatalf("expires_at does not follow KeyLifetime")
+	}
+	// Age the record instead of sleeping through an hour.
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_requests SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	w := req{path: "/ok", key: key("k1"), body: `{"a":2}`}.send(h)
+	if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("after expiry: %d replayed=%q, want a fresh execution", w.Code, w.Header().Get(idem.HeaderReplayed))
+	}
+	if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 2 {
+		t.Errorf("ledger_entries: %d, want 2", n)
+	}
+
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_requests SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	n, err := mw.PurgeExpired(context.Background(), 100)
+	if err != nil || n != 1 {
+		t.Fatalf("PurgeExpired = %d, %v; want 1", n, err)
+	}
+	if n, err := mw.PurgeExpired(context.Background(), 100); err != nil || n != 0 {
+		t.Fatalf("second PurgeExpired = %d, %v; want 0", n, err)
+	}
+}
+
+func TestMiddlewareConfig(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	if _, err := producer.NewMiddleware(nil, producer.MiddlewareConfig{}); err == nil {
+		t.Error("nil pool accepted")
+	}
+	for _, cfg := range []producer.MiddlewareConfig{
+		{Wait: -time.Second},
+		{KeyLifetime: time.Millisecond},
+		{MaxBodyBytes: -1},
+	} {
+		if _, err := producer.NewMiddleware(db.Pool, cfg); err == nil {
+			t.Errorf("%+v accepted", cfg)
+		}
+	}
+	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{})
+	if mw.KeyLifetime() != 48*time.Hour {
+		t.Errorf("default KeyLifetime %v", mw.KeyLifetime())
+	}
+	// Outside the middleware the accessors report absence rather than panic.
+	ctx := context.Background()
+	if _, ok := producer.TxFromContext(ctx); ok {
+		t.Error("TxFromContext outside the middleware")
+	}
+	if _, ok := producer.KeyFromContext(ctx); ok {
+		t.Error("KeyFromContext outside the middleware")
+	}
+	if _, ok := producer.ScopedKeyFromContext(ctx); ok {
+		t.Error("ScopedKeyFromContext outside the middleware")
+	}
+}
+
+// TestMiddlewareScopeFunc: a service can derive the scope from authentication
+// instead of trusting the header, and the handler sees it.
+func TestMiddlewareScopeFunc(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{
+		Scope: func(r *http.Request) (string, error) { return "user-" + r.Header.Get("X-User"), nil },
+	})
+	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scoped, _ := producer.ScopedKeyFromContext(r.Context())
+		_, _ = w.Write([]byte(scoped))
+	}))
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set(idem.HeaderKey, "k1")
+	r.Header.Set(idem.HeaderScope, "forged") // ignored by this Scope func
+	r.Header.Set("X-User", "42")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	if want := idem.ScopedKey("user-42", "k1"); w.Body.String() != want {
+		t.Errorf("handler saw scoped key %q, want %q", w.Body, want)
+	}
+}
+
+func TestMiddlewareFingerprint(t *testing.T) {
+	t.Parallel()
+	a := producer.Fingerprint("POST", "/ab", []byte("c"))
+	b := producer.Fingerprint("POST", "/a", []byte("bc"))
+	c := producer.Fingerprint("POS", "T/ab", []byte("c"))
+	if bytes.Equal(a, b) || bytes.Equal(a, c) {
+		t.Error("fingerprint is ambiguous across field boundaries")
+	}
+	if !bytes.Equal(a, producer.Fingerprint("POST", "/ab", []byte("c"))) {
+		t.Error("fingerprint is not deterministic")
+	}
+	if len(a) != 32 {
+		t.Errorf("fingerprint is %d bytes, want 32 (SHA-256)", len(a))
+	}
+}
