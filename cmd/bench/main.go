@@ -1,0 +1,190 @@
+// Command bench measures idem against baselines in one run on one machine.
+//
+//	go run ./cmd/bench                      # every scenario, N=20000
+//	go run ./cmd/bench -scenarios idem-consumer,naive -n 50000
+//
+// Each scenario runs in a child process of this same binary (so its peak RSS is its
+// own), against a fresh database (idem_bench_<random>, migrated with
+// migrations.Apply, dropped afterwards unless -keep) and a fresh embedded JetStream
+// server. Scenarios run one after another; the parent prints a table on stdout and
+// writes every number as JSON (-json). Progress goes to stderr.
+//
+// Scenarios:
+//
+//	naive              JetStream pull consumer, one autocommit INSERT per message, ack (no dedupe)
+//	handwritten-inbox  one transaction per message: inbox INSERT ... ON CONFLICT DO NOTHING, ledger row, commit, ack
+//	idem-consumer      consumer.Consumer + demo.ChargeHandler over a pre-filled stream
+//	relay              N outbox rows (outbox.EnqueueBatch) relayed to JetStream by outbox.Relay
+//	e2e                payments + outbox.EnqueueBatch -> relay -> JetStream -> idem consumer -> ledger:
+//	                   max sustained intents/s, and latency p50/p99 at a fixed offered load
+//	e2e-dup            e2e with every message published twice and a fraction of acked batches dropped
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Scenario names, in the order they run.
+const (
+	scNaive    = "naive"
+	scInbox    = "handwritten-inbox"
+	scConsumer = "idem-consumer"
+	scRelay    = "relay"
+	scE2E      = "e2e"
+	scE2EDup   = "e2e-dup"
+)
+
+var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup}
+
+// Options are the command-line flags.
+type Options struct {
+	N            int
+	Scenarios    []string
+	JSONPath     string
+	DatabaseURL  string
+	CPUProfile   string
+	Keep         bool
+	SyncAlways   bool
+	InProcess    bool
+	Timeout      time.Duration
+	Verbose      bool
+	Workers      int     // baseline consumers' goroutines (and connections)
+	BatchSize    int     // idem consumer batch size
+	Concurrency  int     // idem consumer batches in flight
+	RelayBatch   int     // relay batch size
+	EnqueueBatch int     // intents per producer transaction (e2e) and per outbox pre-fill transaction (relay)
+	Producers    int     // producer goroutines in the e2e max-throughput phase
+	Rate         int     // offered load of the e2e latency phase, intents/s
+	RateBatch    int     // intents per producer transaction in the latency phase
+	DupDrop      float64 // fraction of committed batches whose acks e2e-dup drops
+	DupAckWait   time.Duration
+
+	child string // set in a child process: the one scenario to run
+}
+
+func parseFlags(args []string) (Options, error) {
+	var o Options
+	var scenarios string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.IntVar(&o.N, "n", 20000, "intents (messages) per scenario")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "comma-separated scenarios to run: "+strings.Join(allScenarios, ", "))
+	fs.StringVar(&o.JSONPath, "json", "bench-results.json", "write results as JSON to this path (empty: do not)")
+	fs.StringVar(&o.DatabaseURL, "database-url", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "Postgres server to create the benchmark databases on")
+	fs.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of each scenario's timed phase to PATH with the scenario name inserted before the extension")
+	fs.BoolVar(&o.Keep, "keep", false, "keep each scenario's database (and print its name) instead of dropping it")
+	fs.BoolVar(&o.SyncAlways, "sync-always", false, "run the embedded JetStream server with SyncAlways (fsync every write)")
+	fs.BoolVar(&o.InProcess, "inprocess", false, "run every scenario in this process instead of one child process each (peak RSS is then cumulative)")
+	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "give up on a scenario's timed phase after this long")
+	fs.BoolVar(&o.Verbose, "v", false, "log the components' warnings (abandoned batches and the like) to stderr")
+	fs.IntVar(&o.Workers, "workers", 16, "baseline consumers: goroutines each handling one message at a time, each with its own connection")
+	fs.IntVar(&o.BatchSize, "batch", 100, "idem consumer: messages per transaction (consumer.Config.BatchSize)")
+	fs.IntVar(&o.Concurrency, "concurrency", 2, "idem consumer: batches in flight (consumer.Config.Concurrency)")
+	fs.IntVar(&o.RelayBatch, "relay-batch", 500, "relay: rows claimed and published per transaction (outbox.RelayConfig.BatchSize)")
+	fs.IntVar(&o.EnqueueBatch, "enqueue-batch", 100, "intents per producer transaction (outbox.EnqueueBatch)")
+	fs.IntVar(&o.Producers, "producers", 2, "e2e max-throughput phase: producer goroutines")
+	fs.IntVar(&o.Rate, "rate", 2000, "e2e latency phase: offered load in intents/s")
+	fs.IntVar(&o.RateBatch, "rate-batch", 100, "e2e latency phase: intents per producer transaction")
+	fs.Float64Var(&o.DupDrop, "dup-drop", 0.10, "e2e-dup: fraction of committed batches whose acks are dropped")
+	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", 2*time.Second, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
+	fs.StringVar(&o.child, "child", "", "internal: run one scenario and print its results as JSON on stdout")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for _, s := range strings.Split(scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if !slices.Contains(allScenarios, s) {
+			return o, fmt.Errorf("unknown scenario %q (have %s)", s, strings.Join(allScenarios, ", "))
+		}
+		o.Scenarios = append(o.Scenarios, s)
+	}
+	switch {
+	case o.N <= 0:
+		return o, errors.New("-n must be positive")
+	case o.Workers <= 0, o.BatchSize <= 0, o.Concurrency <= 0, o.RelayBatch <= 0, o.EnqueueBatch <= 0, o.Producers <= 0, o.RateBatch <= 0:
+		return o, errors.New("-workers, -batch, -concurrency, -relay-batch, -enqueue-batch, -producers and -rate-batch must be positive")
+	case o.Rate <= 0:
+		return o, errors.New("-rate must be positive")
+	case o.DupDrop < 0 || o.DupDrop >= 1:
+		return o, errors.New("-dup-drop must be in [0, 1)")
+	}
+	return o, nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	level := slog.LevelError
+	if opts.Verbose {
+		level = slog.LevelWarn
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	if opts.child != "" {
+		err = runChild(ctx, opts, log)
+	} else {
+		err = runParent(ctx, opts, log)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// profilePath inserts the scenario name before path's extension.
+func profilePath(path, scenario string) string {
+	ext := filepath.Ext(path)
+	return strings.TrimSuffix(path, ext) + "." + scenario + ext
+}
+
+// startProfile starts a CPU profile for scenario when -cpuprofile is set; the
+// returned stop is never nil.
+func startProfile(opts Options, scenario string) (stop func(), err error) {
+	if opts.CPUProfile == "" {
+		return func() {}, nil
+	}
+	path := profilePath(opts.CPUProfile, scenario)
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpuprofile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+		fmt.Fprintf(os.Stderr, "[%s] CPU profile written to %s\n", scenario, path)
+	}, nil
+}

@@ -1,0 +1,79 @@
+// Package idemwatermill gives Watermill users idem's transactional inbox and outbox:
+// a router middleware that runs each handler inside a Postgres transaction that
+// also claims the message's idempotency key, and a message.Publisher that writes
+// into idem's outbox inside the caller's transaction.
+//
+// # Why not Watermill's Deduplicator
+//
+// Watermill ships middleware.Deduplicator. As of v1.5.1 it has two flaws that lose
+// or merge effects:
+//
+//   - It records the key before the handler runs, in a store that knows nothing of
+//     the handler's outcome. A handler that fails transiently leaves its key behind;
+//     the router nacks, the broker redelivers, the Deduplicator sees the key and acks
+//     the redelivery without running the handler. The message is lost.
+//   - Its default key is a hash of the payload (Adler-32 of the body). Two legitimate
+//     payments of the same amount from the same account are the same bytes, so the
+//     second is folded into the first. A content hash names the fields, not the
+//     intent. (Its memory store is also per process, so two replicas do not share it.)
+//
+// # How this package avoids them
+//
+// [Middleware] takes the key from the message metadata "Idempotency-Key"
+// ([idem.HeaderKey]), a key minted by the client when the user acted; never a hash
+// of the payload. A message without a key is rejected with a permanent error.
+//
+// For each message it begins a transaction, claims (consumer, key) in idem_inbox
+// (dedupe.ClaimBatch) together with a fingerprint of the payload, and then:
+//
+//   - key already claimed with the same payload: a duplicate. The handler is not
+//     called; the message is acked and produces no messages.
+//   - key already claimed with another payload: a producer bug. A permanent
+//     error wrapping [ErrFingerprintMismatch]; nothing is merged.
+//   - key new: the handler runs with the transaction in the message context
+//     ([TxFromContext]). If it fails the transaction is rolled back, claim and all,
+//     so the redelivery runs the handler again. If it succeeds the claim commits
+//     together with the handler's own writes: there is no moment at which one exists
+//     without the other.
+//
+// # Wiring
+//
+// Permanent errors (missing or malformed key, fingerprint mismatch, or a handler
+// error wrapped with [Permanent]) can never succeed on redelivery: combine the
+// middleware with middleware.PoisonQueueWithFilter and [IsPermanent], or every
+// redelivery fails again. Retries go outside the idem middleware, so every attempt
+// gets a fresh transaction (a failed statement aborts a Postgres transaction):
+//
+//	poison, _ := middleware.PoisonQueueWithFilter(poisonPub, "poison", idemwatermill.IsPermanent)
+//	router.AddMiddleware(
+//		poison, // outermost: files permanent errors with their reason, then acks
+//		middleware.Retry{
+//			MaxRetries:      3,
+//			InitialInterval: 100 * time.Millisecond,
+//			ShouldRetry:     func(p middleware.RetryParams) bool { return !idemwatermill.IsPermanent(p.Err) },
+//		}.Middleware,
+//		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "ledger"}), // innermost
+//	)
+//
+// A transient error that outlives the retries is returned to the router, which nacks
+// the message; the broker redelivers it and it runs again. Nothing is dropped.
+//
+// # Messages produced by a handler
+//
+// Messages a handler returns are published by the router after the middleware has
+// committed, outside the transaction. If that publish fails the router nacks, the
+// redelivery is a duplicate, and the returned messages are not produced again. For
+// messages that must not be lost, write them to the outbox from inside the handler
+// with [NewOutboxPublisher] on the transaction from [TxFromContext], and return
+// none: the outbox rows then commit with the claim and the business rows, and idem's
+// relay publishes them to JetStream.
+//
+// # The outbox publisher
+//
+// [OutboxPublisher] maps a Watermill message onto an idem.Message: the topic is the
+// JetStream subject and must be a literal subject under "idem." (for example
+// "idem.payments.charge"); metadata "Idempotency-Key" is the key (required: a
+// Watermill message UUID is not an idempotency key unless you set it as one);
+// metadata "Idempotency-Scope", when set, is joined to the key with
+// idem.ScopedKey; the payload is the payload; all other metadata become headers.
+package idemwatermill
