@@ -23,3 +23,17 @@ FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`
 )
 
 const sqlUnclaim = `DELETE FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`
+
+// Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
+// transaction is using right now is simply left for the next round.
+var collectedTables = []struct{ name, sql string }{
+	{"idem_inbox", `
+DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+	{"idem_requests", `
+DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+	{"idem_outbox", `
+DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_outbox WHERE published_at IS NOT NULL AND expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+}

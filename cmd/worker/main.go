@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -95,6 +96,7 @@ func (o *options) logger(w io.Writer) (*slog.Logger, error) {
 const usage = `usage:
   worker [flags]                       run the service (ingress, relay, consumers)
   worker migrate [flags]               apply the schema and exit
+  worker healthcheck [flags]           exit 0 if the worker at --http-addr is ready
   worker dead-letters list [flags]     list dead letters (newest first)
   worker dead-letters replay [flags] ID
                                        re-publish dead letter ID with its original key
@@ -115,6 +117,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runMigrate(args, stdout, stderr)
 	case "dead-letters":
 		err = runDeadLetters(args, stdout, stderr)
+	case "healthcheck":
+		err = runHealthcheck(args, stderr)
 	case "help":
 		fs, _ := newFlagSet("worker", stderr)
 		fmt.Fprint(stderr, usage)
@@ -163,6 +167,7 @@ func runService(args []string, stderr io.Writer) error {
 		NATSURL:     o.natsURL,
 		DataDir:     o.dataDir,
 		HTTPAddr:    o.httpAddr,
+		SMTPAddr:    o.smtpAddr,
 		Faults:      fs,
 		Logger:      log,
 	}
@@ -327,4 +332,24 @@ func runDeadLetters(args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	return fmt.Errorf("dead-letters: unknown subcommand %q (want list or replay)", sub)
+}
+
+// runHealthcheck asks a running worker's /readyz; for container health checks,
+// where the image has no curl.
+func runHealthcheck(args []string, stderr io.Writer) error {
+	o, _, err := parse("worker healthcheck", args, stderr)
+	if err != nil {
+		return err
+	}
+	client := &http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get("http://" + o.httpAddr + "/readyz")
+	if err != nil {
+		return fmt.Errorf("healthcheck: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("healthcheck: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	return nil
 }

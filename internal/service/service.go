@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/demo"
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/faults"
@@ -47,6 +48,12 @@ type Config struct {
 	EmbeddedNATSPort int
 	// HTTPAddr is the ingress address (default 127.0.0.1:8080; ":0" picks a port).
 	HTTPAddr string
+	// SMTPAddr is where the email consumer sends mail; empty leaves emails queued
+	// in the stream (no email consumer runs).
+	SMTPAddr string
+	// ClientResendHorizon is how long clients keep re-sending a pending intent
+	// (producer.Client's KeyLifetime; default 24h). It enters the lifetime invariant.
+	ClientResendHorizon time.Duration
 
 	// Components to run; all on unless disabled (several workers may split roles).
 	DisableIngress, DisableRelay, DisableConsumers bool
@@ -60,6 +67,11 @@ type Config struct {
 	Stream outbox.StreamConfig
 	// Ingress tunes the HTTP idempotency middleware.
 	Ingress producer.MiddlewareConfig
+
+	// Collector tunes retention of expired keys and published outbox rows.
+	Collector dedupe.CollectorConfig
+	// DisableCollector turns retention off (several workers need only one).
+	DisableCollector bool
 
 	// Faults arms deterministic fault points (nil: none).
 	Faults *faults.Set
@@ -85,6 +97,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.ClientResendHorizon == 0 {
+		c.ClientResendHorizon = 24 * time.Hour
 	}
 	return c
 }
@@ -119,7 +134,11 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if err := s.connect(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := outbox.EnsureStream(ctx, s.JS, cfg.Stream); err != nil {
+	stream, err := outbox.EnsureStream(ctx, s.JS, cfg.Stream)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkLifetimes(ctx, stream); err != nil {
 		return nil, err
 	}
 
@@ -136,6 +155,15 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 			cancel()
 			return nil, err
 		}
+	}
+	// EMAILS-WIRING
+	if !cfg.DisableCollector {
+		cc := cfg.Collector
+		if cc.Logger == nil {
+			cc.Logger = s.log
+		}
+		col := dedupe.NewCollector(s.Pool, cc)
+		s.run("collector", func() error { return col.Run(runCtx) })
 	}
 	if err := s.startHTTP(); err != nil {
 		cancel()
@@ -197,13 +225,54 @@ func (s *Service) connect(ctx context.Context) error {
 	return nil
 }
 
-func (s *Service) startCharges(ctx context.Context) error {
+// checkLifetimes refuses to start when a key could be forgotten while its intent
+// can still arrive again. It reads the stream's real MaxAge: an operator may have
+// changed it since the stream was created.
+func (s *Service) checkLifetimes(ctx context.Context, stream jetstream.Stream) error {
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("service: stream info: %w", err)
+	}
+	probe, err := consumer.New(s.Pool, s.JS, s.chargeConfig())
+	if err != nil {
+		return err
+	}
+	cc := probe.Config()
+	requests := s.cfg.Ingress.KeyLifetime
+	if requests == 0 {
+		mw, err := producer.NewMiddleware(s.Pool, s.cfg.Ingress)
+		if err != nil {
+			return err
+		}
+		requests = mw.KeyLifetime()
+	}
+	l := dedupe.Lifetimes{
+		InboxKey:     cc.KeyLifetime,
+		RequestKey:   requests,
+		StreamMaxAge: info.Config.MaxAge,
+		Redelivery:   cc.RedeliveryHorizon(),
+		ClientResend: s.cfg.ClientResendHorizon,
+	}
+	if err := l.Check(); err != nil {
+		return fmt.Errorf("service: refusing to start: %w", err)
+	}
+	s.log.Info("key lifetimes checked", "inbox", l.InboxKey, "requests", l.RequestKey, "stream_max_age", l.StreamMaxAge,
+		"redelivery_horizon", l.Redelivery, "client_resend", l.ClientResend)
+	return nil
+}
+
+func (s *Service) chargeConfig() consumer.Config {
 	cc := s.cfg.ChargeConsumer
 	cc.Name, cc.Subject = ChargeConsumerName, idem.SubjectCharge
 	cc.Handler, cc.BatchHandler = nil, demo.ChargeHandler{}
 	if cc.Logger == nil {
 		cc.Logger = s.log
 	}
+	return cc
+}
+
+func (s *Service) startCharges(ctx context.Context) error {
+	cc := s.chargeConfig()
 	if s.cfg.Faults.Armed(faults.ConsumerAfterCommit) {
 		prev := cc.AfterCommit
 		cc.AfterCommit = func(ctx context.Context, ds []*consumer.Delivery) error {

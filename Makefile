@@ -1,0 +1,27 @@
+# The README's two commands are `make run` and `make test`.
+
+GO ?= go
+# Packages whose tests run long multi-process scenarios get their own timeout.
+TEST_FLAGS ?= -race -count=1 -timeout 20m
+
+.PHONY: run test vet fuzz bench chaos-soak
+
+## run: the worker with an embedded JetStream server (Postgres from DATABASE_URL)
+run:
+	$(GO) run ./cmd/worker
+
+## test: vet, the whole suite under the race detector, and a short fuzz run
+test: vet
+	$(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) fuzz FUZZTIME=10s
+
+vet:
+	$(GO) vet ./...
+
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run='^$$' -fuzz=FuzzJournalDecode -fuzztime=$(FUZZTIME) ./producer/
+
+## bench: the benchmark program with its baselines (see BENCHMARKS.md)
+bench:
+	$(GO) run ./cmd/bench

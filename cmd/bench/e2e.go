@@ -1,0 +1,407 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/outbox"
+)
+
+// Table rows of the e2e scenario.
+const (
+	rowE2EMax      = "e2e (max)"
+	rowE2ERatePref = "e2e @"
+)
+
+// PipelineConfig configures one run of the whole pipeline: producers writing
+// payments and outbox rows in one transaction per batch, the relay, JetStream and
+// the idem consumer writing the ledger.
+type PipelineConfig struct {
+	Scenario string
+	N        int
+	// EnqueueBatch is how many intents one producer transaction writes.
+	EnqueueBatch int
+	// Producers is how many producer goroutines run (unthrottled when Rate is 0).
+	Producers int
+	// Rate, when positive, is the offered load in intents/s: one producer starts a
+	// transaction every EnqueueBatch/Rate seconds on a fixed schedule.
+	Rate int
+	// RelayBatch, BatchSize and Concurrency tune the relay and the consumer.
+	RelayBatch  int
+	BatchSize   int
+	Concurrency int
+	// Duplicate enqueues every intent twice, the second copy with a Nats-Msg-Id of
+	// its own so the broker cannot fold it: only the inbox can.
+	Duplicate bool
+	// DropFraction of committed batches have their acks dropped (AfterCommit fails),
+	// so they are redelivered after AckWait.
+	DropFraction float64
+	AckWait      time.Duration
+	Timeout      time.Duration
+	Log          *slog.Logger
+}
+
+// pipelineRun is what one pipeline run measured.
+type pipelineRun struct {
+	meas Measurement
+	// effects is when the last intent's effect committed, from the start.
+	effects time.Duration
+	// produced is when the last producer transaction committed.
+	produced time.Duration
+	// drained is when every message was published and acked.
+	drained time.Duration
+	// latencies, sorted: producer COMMIT issued -> consumer COMMIT returned.
+	latencies  []time.Duration
+	ledger     Ledger
+	processed  int64
+	duplicates int64
+	dropped    int64
+}
+
+var errDropAcks = errors.New("bench: acks of this batch dropped on purpose")
+
+// runPipeline runs cfg.N intents through the pipeline in env.
+func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun, error) {
+	var out pipelineRun
+	intents := makeIntents(cfg.N)
+	messages := cfg.N
+	if cfg.Duplicate {
+		messages = 2 * cfg.N
+	}
+	// Times are nanoseconds since base on the monotonic clock: producer and consumer
+	// are in this process, so one clock times both ends.
+	var baseP atomic.Pointer[time.Time] // set once, before the first intent is produced
+	since := func() int64 { return int64(time.Since(*baseP.Load())) }
+	enqueued := make([]atomic.Int64, cfg.N)
+	committed := make([]atomic.Int64, cfg.N)
+	effects := newCounter(cfg.N)
+	var processed, duplicates, dropped, badSeq atomic.Int64
+
+	c, err := consumer.New(env.Pool, env.JS, consumer.Config{
+		Name:         "charges",
+		Subject:      idem.SubjectCharge,
+		BatchHandler: demo.ChargeHandler{},
+		BatchSize:    cfg.BatchSize,
+		Concurrency:  cfg.Concurrency,
+		AckWait:      cfg.AckWait,
+		Logger:       cfg.Log,
+		OnOutcome: func(_, outcome string, n int) {
+			switch outcome {
+			case consumer.OutcomeProcessed:
+				processed.Add(int64(n))
+			case consumer.OutcomeDuplicate:
+				duplicates.Add(int64(n))
+			}
+		},
+		// Runs right after each batch's COMMIT returned and before its acks: the
+		// moment the effects became durable. A delivery's key may have committed in
+		// an earlier batch (a duplicate); only the first commit of a key counts.
+		AfterCommit: func(_ context.Context, ds []*consumer.Delivery) error {
+			now := since()
+			for _, d := range ds {
+				seq, err := strconv.Atoi(d.Headers[headerSeq])
+				if err != nil || seq < 0 || seq >= cfg.N {
+					badSeq.Add(1)
+					continue
+				}
+				if committed[seq].CompareAndSwap(0, now) {
+					effects.Add(1)
+				}
+			}
+			if cfg.DropFraction > 0 && rand.Float64() < cfg.DropFraction {
+				dropped.Add(1)
+				return errDropAcks
+			}
+			return nil
+		},
+	})
+	if err != nil {
+		return out, fmt.Errorf("consumer: %w", err)
+	}
+	published := newCounter(messages)
+	relay, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
+		BatchSize: cfg.RelayBatch,
+		Logger:    cfg.Log,
+		OnBatch:   func(ok, _ int, _ time.Duration) { published.Add(ok) },
+	})
+	if err != nil {
+		return out, fmt.Errorf("relay: %w", err)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2+cfg.Producers)
+	wg.Add(2)
+	go func() { defer wg.Done(); errs <- c.Run(runCtx) }()
+	go func() { defer wg.Done(); errs <- relay.Run(runCtx) }()
+	stopAll := func() {
+		cancel()
+		wg.Wait()
+	}
+	// Let the relay's LISTEN connection and the durable consumer come up, so the
+	// first batches are not left to the relay's 1 s poll.
+	time.Sleep(300 * time.Millisecond)
+	go progress(runCtx, cfg.Scenario, "effects committed", cfg.N, effects.Load)
+
+	meter, err := env.StartMeter(ctx)
+	if err != nil {
+		stopAll()
+		return out, err
+	}
+	base := time.Now()
+	baseP.Store(&base)
+
+	// produce writes intents [lo, hi) as payments and outbox rows in one transaction.
+	produce := func(lo, hi int) error {
+		keys := make([]string, 0, hi-lo)
+		accounts := make([]string, 0, hi-lo)
+		amounts := make([]int64, 0, hi-lo)
+		msgs := make([]idem.Message, 0, 2*(hi-lo))
+		for i := lo; i < hi; i++ {
+			in := intents[i]
+			keys, accounts, amounts = append(keys, in.Key), append(accounts, in.Account), append(amounts, in.Amount)
+			msgs = append(msgs, in.message(i))
+		}
+		if cfg.Duplicate {
+			// The copies follow the originals, so with batches of the same size they
+			// mostly land in another consumer batch and are folded by the inbox
+			// claim, not inside one batch.
+			for i := lo; i < hi; i++ {
+				m := intents[i].message(i)
+				m.Headers[jetstream.MsgIDHeader] = idem.MsgID(m.Subject, m.Key) + " copy"
+				msgs = append(msgs, m)
+			}
+		}
+		return pgx.BeginFunc(runCtx, env.Pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(runCtx, `INSERT INTO payments (idempotency_key, account, amount_cents)
+				SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])`, keys, accounts, amounts)
+			if err != nil {
+				return fmt.Errorf("insert payments: %w", err)
+			}
+			if err := outbox.EnqueueBatch(runCtx, tx, msgs); err != nil {
+				return err
+			}
+			now := since()
+			for i := lo; i < hi; i++ {
+				enqueued[i].Store(now)
+			}
+			return nil // BeginFunc commits
+		})
+	}
+
+	var producers sync.WaitGroup
+	var lastProduced atomic.Int64
+	var nextBatch atomic.Int64
+	nProducers := cfg.Producers
+	if cfg.Rate > 0 {
+		nProducers = 1
+	}
+	interval := time.Duration(float64(cfg.EnqueueBatch) / float64(max(cfg.Rate, 1)) * float64(time.Second))
+	for range nProducers {
+		producers.Add(1)
+		go func() {
+			defer producers.Done()
+			for {
+				b := int(nextBatch.Add(1) - 1)
+				lo := b * cfg.EnqueueBatch
+				if lo >= cfg.N {
+					return
+				}
+				if cfg.Rate > 0 {
+					// Open loop: batch b is due at base + b*interval, whatever the
+					// previous one cost.
+					if d := time.Until(base.Add(time.Duration(b) * interval)); d > 0 {
+						select {
+						case <-time.After(d):
+						case <-runCtx.Done():
+							return
+						}
+					}
+				}
+				if err := produce(lo, min(lo+cfg.EnqueueBatch, cfg.N)); err != nil {
+					if runCtx.Err() == nil {
+						errs <- fmt.Errorf("producer: %w", err)
+					}
+					return
+				}
+				lastProduced.Store(since())
+			}
+		}()
+	}
+
+	waitErr := effects.wait(ctx, cfg.Timeout, "effects committed")
+	if waitErr == nil {
+		// A producer error would show up as a timeout; report it instead.
+		select {
+		case err := <-errs:
+			if err != nil {
+				waitErr = err
+			}
+		default:
+		}
+	}
+	meas, merr := meter.Stop(ctx)
+	producers.Wait()
+	if waitErr != nil {
+		stopAll()
+		return out, waitErr
+	}
+	if merr != nil {
+		stopAll()
+		return out, merr
+	}
+	out.meas = meas
+	out.produced = time.Duration(lastProduced.Load())
+
+	// Drain: every message published and acked (the dropped batches come back after
+	// AckWait and are folded as duplicates).
+	if err := published.wait(ctx, cfg.Timeout, "published"); err != nil {
+		stopAll()
+		return out, err
+	}
+	if _, err := waitDrained(ctx, env, "charges", cfg.Timeout); err != nil {
+		stopAll()
+		return out, err
+	}
+	out.drained = time.Since(base)
+	stopAll()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			return out, err
+		}
+	}
+	if n := badSeq.Load(); n > 0 {
+		return out, fmt.Errorf("%d deliveries without a valid %s header", n, headerSeq)
+	}
+
+	out.latencies = make([]time.Duration, cfg.N)
+	for i := range cfg.N {
+		c, e := committed[i].Load(), enqueued[i].Load()
+		out.latencies[i] = time.Duration(c - e)
+		out.effects = max(out.effects, time.Duration(c))
+	}
+	slices.Sort(out.latencies)
+	out.processed, out.duplicates, out.dropped = processed.Load(), duplicates.Load(), dropped.Load()
+
+	if out.ledger, err = verifyExactlyOnce(ctx, env, cfg.N); err != nil {
+		return out, err
+	}
+	var payments, unpublished int
+	err = env.Pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM payments), (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL)`).Scan(&payments, &unpublished)
+	if err != nil {
+		return out, fmt.Errorf("verify: %w", err)
+	}
+	if payments != cfg.N || unpublished != 0 {
+		return out, fmt.Errorf("VERIFY FAILED: %d payments (want %d), %d outbox rows unpublished", payments, cfg.N, unpublished)
+	}
+	return out, nil
+}
+
+// E2EConfig configures the e2e and e2e-dup scenarios.
+type E2EConfig struct {
+	Pipeline PipelineConfig
+	// MaxProducers is the producer count of the max-throughput phase.
+	MaxProducers int
+	// Rate and RateBatch shape the latency phase.
+	Rate      int
+	RateBatch int
+}
+
+func pipelineConfigMap(p PipelineConfig) map[string]any {
+	return map[string]any{
+		"enqueue_batch": p.EnqueueBatch, "producers": p.Producers, "rate": p.Rate,
+		"relay_batch": p.RelayBatch, "consumer_batch": p.BatchSize, "consumer_concurrency": p.Concurrency,
+		"duplicate": p.Duplicate, "drop_fraction": p.DropFraction, "ack_wait": p.AckWait.String(),
+	}
+}
+
+// runE2E runs the pipeline twice, each time on a fresh environment: unthrottled
+// (max sustained intents/s) and at a fixed offered load (latency).
+func runE2E(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, error) {
+	var results []Result
+
+	maxCfg := cfg.Pipeline
+	maxCfg.Scenario, maxCfg.Producers, maxCfg.Rate = scE2E+"/max", cfg.MaxProducers, 0
+	run, err := withEnv(ctx, newEnv, func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, maxCfg) })
+	if err != nil {
+		return nil, fmt.Errorf("%s (max): %w", scE2E, err)
+	}
+	r := Result{Scenario: scE2E, Row: rowE2EMax, N: maxCfg.N, Messages: maxCfg.N, Config: pipelineConfigMap(maxCfg)}
+	r.setMeasurement(run.meas, maxCfg.N)
+	r.Seconds, r.Rate = run.effects.Seconds(), float64(maxCfg.N)/run.effects.Seconds()
+	r.Ledger, r.Verified = &run.ledger, "ok"
+	r.Notes = append(r.Notes,
+		fmt.Sprintf("producers finished after %.2fs (%.0f intents/s offered); last effect at %.2fs",
+			run.produced.Seconds(), float64(maxCfg.N)/run.produced.Seconds(), run.effects.Seconds()),
+		fmt.Sprintf("latency under saturation (queueing included): p50 %.0f ms, p99 %.0f ms",
+			ms(percentile(run.latencies, 50)), ms(percentile(run.latencies, 99))))
+	results = append(results, r)
+
+	rateCfg := cfg.Pipeline
+	rateCfg.Scenario, rateCfg.Producers, rateCfg.Rate, rateCfg.EnqueueBatch = scE2E+"/rate", 1, cfg.Rate, cfg.RateBatch
+	run, err = withEnv(ctx, newEnv, func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, rateCfg) })
+	if err != nil {
+		return nil, fmt.Errorf("%s (rate): %w", scE2E, err)
+	}
+	r = Result{Scenario: scE2E, Row: fmt.Sprintf("%s%d/s", rowE2ERatePref, rateCfg.Rate), N: rateCfg.N, Messages: rateCfg.N, Config: pipelineConfigMap(rateCfg)}
+	r.setMeasurement(run.meas, rateCfg.N)
+	// The rate of this row is the load actually offered; it can only fall short of
+	// the target if a producer transaction took longer than its slot.
+	r.Rate = float64(rateCfg.N) / run.produced.Seconds()
+	r.P50ms, r.P99ms = ms(percentile(run.latencies, 50)), ms(percentile(run.latencies, 99))
+	r.MaxMs = ms(run.latencies[len(run.latencies)-1])
+	r.Ledger, r.Verified = &run.ledger, "ok"
+	r.Notes = append(r.Notes, fmt.Sprintf("offered %.0f intents/s in transactions of %d; latency = producer COMMIT issued -> consumer COMMIT returned; max %.1f ms",
+		r.Rate, rateCfg.EnqueueBatch, r.MaxMs))
+	results = append(results, r)
+	return results, nil
+}
+
+// runE2EDup runs the pipeline with every message published twice and a fraction of
+// the consumer's acks dropped.
+func runE2EDup(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, error) {
+	p := cfg.Pipeline
+	p.Scenario, p.Producers, p.Rate, p.Duplicate = scE2EDup, cfg.MaxProducers, 0, true
+	run, err := withEnv(ctx, newEnv, func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, p) })
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", scE2EDup, err)
+	}
+	r := Result{Scenario: scE2EDup, Row: scE2EDup, N: p.N, Messages: 2 * p.N, Config: pipelineConfigMap(p)}
+	r.setMeasurement(run.meas, p.N)
+	r.Seconds, r.Rate = run.effects.Seconds(), float64(p.N)/run.effects.Seconds()
+	r.Ledger = &run.ledger
+	r.Verified = fmt.Sprintf("ok: %d rows for %d messages", run.ledger.Rows, 2*p.N)
+	r.Notes = append(r.Notes,
+		fmt.Sprintf("all %d effects committed at %.2fs; all %d messages acked at %.2fs (%.0f msgs/s incl. redeliveries after AckWait %s)",
+			p.N, run.effects.Seconds(), 2*p.N, run.drained.Seconds(), float64(2*p.N)/run.drained.Seconds(), p.AckWait),
+		fmt.Sprintf("%d batches had their acks dropped; consumer outcomes: %d processed, %d duplicates folded",
+			run.dropped, run.processed, run.duplicates))
+	return []Result{r}, nil
+}
+
+// withEnv runs f in a fresh environment and closes it.
+func withEnv[T any](ctx context.Context, newEnv envFactory, f func(*Env) (T, error)) (T, error) {
+	env, err := newEnv(ctx)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	defer env.Close(context.WithoutCancel(ctx))
+	return f(env)
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/outbox"
+)
+
+// ConsumerConfig configures the idem-consumer scenario.
+type ConsumerConfig struct {
+	N           int
+	BatchSize   int
+	Concurrency int
+	Timeout     time.Duration
+	Log         *slog.Logger
+}
+
+// runIdemConsumer drains a pre-filled stream with consumer.Consumer and
+// demo.ChargeHandler: the timed phase runs from Run until the last ack.
+func runIdemConsumer(ctx context.Context, env *Env, cfg ConsumerConfig) ([]Result, error) {
+	intents := makeIntents(cfg.N)
+	if err := prefill(ctx, env, scConsumer, intents); err != nil {
+		return nil, fmt.Errorf("%s: %w", scConsumer, err)
+	}
+	settled := newCounter(cfg.N)
+	c, err := consumer.New(env.Pool, env.JS, consumer.Config{
+		Name:         "charges",
+		Subject:      idem.SubjectCharge,
+		BatchHandler: demo.ChargeHandler{},
+		BatchSize:    cfg.BatchSize,
+		Concurrency:  cfg.Concurrency,
+		Logger:       cfg.Log,
+		// Told after the acks of each batch.
+		OnOutcome: func(_, outcome string, n int) {
+			if outcome == consumer.OutcomeProcessed || outcome == consumer.OutcomeDuplicate {
+				settled.Add(n)
+			}
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", scConsumer, err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go progress(runCtx, scConsumer, "acked", cfg.N, settled.Load)
+
+	meter, err := env.StartMeter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- c.Run(runCtx) }()
+	waitErr := settled.wait(ctx, cfg.Timeout, "acked")
+	meas, merr := meter.Stop(ctx)
+	cancel()
+	if err := <-runErr; err != nil {
+		return nil, fmt.Errorf("%s: %w", scConsumer, err)
+	}
+	if waitErr != nil {
+		return nil, fmt.Errorf("%s: %w", scConsumer, waitErr)
+	}
+	if merr != nil {
+		return nil, merr
+	}
+	res := Result{Scenario: scConsumer, Row: scConsumer, N: cfg.N, Messages: cfg.N,
+		Config: map[string]any{"batch_size": c.Config().BatchSize, "concurrency": c.Config().Concurrency,
+			"max_ack_pending": c.Config().MaxAckPending, "linger": c.Config().Linger.String()}}
+	res.setMeasurement(meas, cfg.N)
+	if _, err := waitDrained(ctx, env, "charges", 10*time.Second); err != nil {
+		res.Notes = append(res.Notes, err.Error())
+	}
+	l, err := verifyExactlyOnce(ctx, env, cfg.N)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", scConsumer, err)
+	}
+	res.Ledger, res.Verified = &l, "ok"
+	return []Result{res}, nil
+}
+
+// RelayBenchConfig configures the relay scenario.
+type RelayBenchConfig struct {
+	N int
+	// EnqueueBatch is how many rows each pre-fill transaction writes.
+	EnqueueBatch int
+	// BatchSize is outbox.RelayConfig.BatchSize.
+	BatchSize int
+	Timeout   time.Duration
+	Log       *slog.Logger
+}
+
+// runRelay pre-inserts N outbox rows and times outbox.Relay publishing all of them.
+func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, error) {
+	intents := makeIntents(cfg.N)
+	start := time.Now()
+	for lo := 0; lo < cfg.N; lo += cfg.EnqueueBatch {
+		hi := min(lo+cfg.EnqueueBatch, cfg.N)
+		msgs := make([]idem.Message, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			msgs = append(msgs, intents[i].message(i))
+		}
+		err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, msgs) })
+		if err != nil {
+			return nil, fmt.Errorf("%s: pre-fill outbox: %w", scRelay, err)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "[%s] outbox pre-filled with %d rows in %s\n", scRelay, cfg.N, time.Since(start).Round(time.Millisecond))
+
+	published := newCounter(cfg.N)
+	var failed int
+	r, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
+		BatchSize: cfg.BatchSize,
+		Logger:    cfg.Log,
+		OnBatch: func(ok, bad int, _ time.Duration) {
+			published.Add(ok)
+			failed += bad // OnBatch runs on the relay's one goroutine
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", scRelay, err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go progress(runCtx, scRelay, "published", cfg.N, published.Load)
+
+	meter, err := env.StartMeter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(runCtx) }()
+	waitErr := published.wait(ctx, cfg.Timeout, "published")
+	meas, merr := meter.Stop(ctx)
+	cancel()
+	if err := <-runErr; err != nil {
+		return nil, fmt.Errorf("%s: %w", scRelay, err)
+	}
+	if waitErr != nil {
+		return nil, fmt.Errorf("%s: %w", scRelay, waitErr)
+	}
+	if merr != nil {
+		return nil, merr
+	}
+	res := Result{Scenario: scRelay, Row: scRelay, N: cfg.N, Messages: cfg.N,
+		Config: map[string]any{"relay_batch": cfg.BatchSize, "prefill_batch": cfg.EnqueueBatch}}
+	res.setMeasurement(meas, cfg.N)
+	if failed > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d publishes failed and were retried", failed))
+	}
+
+	// Verify: every row marked published, every message in the stream once.
+	var unpublished int
+	if err := env.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil {
+		return nil, fmt.Errorf("%s: verify: %w", scRelay, err)
+	}
+	info, err := env.Stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: verify: stream info: %w", scRelay, err)
+	}
+	if unpublished != 0 || info.State.Msgs != uint64(cfg.N) {
+		return nil, fmt.Errorf("%s: VERIFY FAILED: %d outbox rows unpublished, stream holds %d messages, want 0 and %d", scRelay, unpublished, info.State.Msgs, cfg.N)
+	}
+	res.Verified = fmt.Sprintf("ok: stream holds %d", info.State.Msgs)
+	return []Result{res}, nil
+}

@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+)
+
+// headerSeq carries an intent's index through the outbox and JetStream, so the
+// benchmark can match a committed delivery with the time its intent was enqueued.
+const headerSeq = "Bench-Seq"
+
+// Intent is one charge the benchmark submits.
+type Intent struct {
+	Key     string
+	Account string
+	Amount  int64
+	Payload []byte
+}
+
+// makeIntents mints n intents with fresh keys and small JSON charge payloads, the
+// body of POST /v1/payments.
+func makeIntents(n int) []Intent {
+	out := make([]Intent, n)
+	for i := range out {
+		acct := "acct_" + strconv.Itoa(i%1000)
+		amount := int64(100 + i%9000)
+		out[i] = Intent{
+			Key:     idem.NewKey().String(),
+			Account: acct,
+			Amount:  amount,
+			Payload: fmt.Appendf(nil, `{"account":%q,"amount_cents":%d}`, acct, amount),
+		}
+	}
+	return out
+}
+
+// message is the outbox message of intent i.
+func (in Intent) message(seq int) idem.Message {
+	return idem.Message{
+		Key:     in.Key,
+		Subject: idem.SubjectCharge,
+		Headers: map[string]string{headerSeq: strconv.Itoa(seq)},
+		Payload: in.Payload,
+	}
+}
+
+// prefill publishes one message per intent to the stream, exactly as the relay
+// would (Idempotency-Key and Nats-Msg-Id headers), and waits for every PubAck. It is
+// not timed.
+func prefill(ctx context.Context, env *Env, scenario string, intents []Intent) error {
+	start := time.Now()
+	for i, in := range intents {
+		m := nats.NewMsg(idem.SubjectCharge)
+		m.Header.Set(idem.HeaderKey, in.Key)
+		m.Header.Set(jetstream.MsgIDHeader, idem.MsgID(idem.SubjectCharge, in.Key))
+		m.Data = in.Payload
+		if _, err := env.JS.PublishMsgAsync(m); err != nil {
+			return fmt.Errorf("prefill: publish %d: %w", i, err)
+		}
+	}
+	select {
+	case <-env.JS.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(time.Minute):
+		return fmt.Errorf("prefill: %d PubAcks still pending after a minute", env.JS.PublishAsyncPending())
+	}
+	info, err := env.Stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("prefill: stream info: %w", err)
+	}
+	if info.State.Msgs != uint64(len(intents)) {
+		return fmt.Errorf("prefill: stream holds %d messages, published %d", info.State.Msgs, len(intents))
+	}
+	fmt.Fprintf(os.Stderr, "[%s] stream pre-filled with %d messages in %s\n", scenario, len(intents), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// Ledger is what ledger_entries holds at the end of a scenario.
+type Ledger struct {
+	Rows int `json:"rows"`
+	Keys int `json:"distinct_keys"`
+}
+
+func readLedger(ctx context.Context, env *Env) (Ledger, error) {
+	var l Ledger
+	err := env.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT idempotency_key) FROM ledger_entries`).Scan(&l.Rows, &l.Keys)
+	if err != nil {
+		return l, fmt.Errorf("read ledger: %w", err)
+	}
+	return l, nil
+}
+
+// verifyExactlyOnce fails unless the ledger holds exactly one row per intent.
+func verifyExactlyOnce(ctx context.Context, env *Env, n int) (Ledger, error) {
+	l, err := readLedger(ctx, env)
+	if err != nil {
+		return l, err
+	}
+	if l.Rows != n || l.Keys != n {
+		return l, fmt.Errorf("VERIFY FAILED: ledger has %d rows with %d distinct keys, want %d and %d", l.Rows, l.Keys, n, n)
+	}
+	return l, nil
+}
+
+// progress prints done/total to stderr every two seconds until ctx is done.
+func progress(ctx context.Context, scenario, what string, total int, done func() int64) {
+	start := time.Now()
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			d := done()
+			fmt.Fprintf(os.Stderr, "[%s] %s %d/%d (%.0f/s)\n", scenario, what, d, total, float64(d)/time.Since(start).Seconds())
+		}
+	}
+}
+
+// counter counts up to a target and closes Done when it gets there.
+type counter struct {
+	n      atomic.Int64
+	target int64
+	done   chan struct{}
+	closed atomic.Bool
+}
+
+func newCounter(target int) *counter {
+	return &counter{target: int64(target), done: make(chan struct{})}
+}
+
+func (c *counter) Add(d int) {
+	if c.n.Add(int64(d)) >= c.target && c.closed.CompareAndSwap(false, true) {
+		close(c.done)
+	}
+}
+
+func (c *counter) Load() int64 { return c.n.Load() }
+
+// wait blocks until the counter reaches its target, ctx is done, or timeout.
+func (c *counter) wait(ctx context.Context, timeout time.Duration, what string) error {
+	select {
+	case <-c.done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(timeout):
+		return fmt.Errorf("timed out after %s: %s %d of %d", timeout, what, c.Load(), c.target)
+	}
+}
+
+// waitDrained waits until the durable consumer has nothing pending or unacked: every
+// ack the scenario sent has reached the broker.
+func waitDrained(ctx context.Context, env *Env, durable string, timeout time.Duration) (*jetstream.ConsumerInfo, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := env.JS.Consumer(ctx, "IDEM", durable)
+		if err != nil {
+			return nil, fmt.Errorf("consumer %s: %w", durable, err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("consumer %s info: %w", durable, err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			return info, nil
+		}
+		if time.Now().After(deadline) {
+			return info, fmt.Errorf("consumer %s not drained after %s: %d pending, %d unacked", durable, timeout, info.NumPending, info.NumAckPending)
+		}
+		select {
+		case <-ctx.Done():
+			return info, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,530 @@
+package producer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// clientFakeIngress behaves like the idem ingress as far as a client can tell: the
+// first request with a (scope, key) executes and its response is stored; a repeat
+// gets the stored response again with Idempotent-Replayed: true; a repeat with a
+// different body is a 422; no key is a 400. fail, when set, injects failures: it is
+// called for every request (numbered from 1) before anything else and returns true
+// when it has answered (or broken) the request itself.
+type clientFakeIngress struct {
+	t    *testing.T
+	srv  *httptest.Server
+	fail func(n int, w http.ResponseWriter, r *http.Request, body []byte) bool
+
+	mu       sync.Mutex
+	requests int
+	seen     []string // scoped key of every request, in order
+	scopes   []string // Idempotency-Scope of every request
+	stored   map[string]clientStored
+	executed []string // scoped keys that executed (the "effect")
+}
+
+type clientStored struct {
+	body   []byte
+	status int
+	resp   []byte
+}
+
+func newClientFakeIngress(t *testing.T) *clientFakeIngress {
+	f := &clientFakeIngress{t: t, stored: make(map[string]clientStored)}
+	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *clientFakeIngress) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get(idem.HeaderKey)
+	scope := r.Header.Get(idem.HeaderScope)
+	scoped := idem.ScopedKey(scope, idem.Key(key))
+
+	f.mu.Lock()
+	f.requests++
+	n := f.requests
+	f.seen = append(f.seen, scoped)
+	f.scopes = append(f.scopes, scope)
+	fail := f.fail
+	f.mu.Unlock()
+	if fail != nil && fail(n, w, r, body) {
+		return
+	}
+	f.respond(w, key, scoped, body)
+}
+
+// respond is the ingress proper: claim the key or replay its first response.
+func (f *clientFakeIngress) respond(w http.ResponseWriter, key, scoped string, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	if key == "" {
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(`{"error":"missing Idempotency-Key"}`))
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s, ok := f.stored[scoped]; ok {
+		if !bytes.Equal(s.body, body) {
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			_, _ = w.Write([]byte(`{"error":"same key, different body"}`))
+			return
+		}
+		w.Header().Set(idem.HeaderReplayed, "true")
+		w.WriteHeader(s.status)
+		_, _ = w.Write(s.resp)
+		return
+	}
+	f.executed = append(f.executed, scoped)
+	resp, _ := json.Marshal(map[string]any{"key": key, "id": fmt.Sprintf("pay_%d", len(f.executed))})
+	f.stored[scoped] = clientStored{body: body, status: http.StatusAccepted, resp: resp}
+	w.WriteHeader(http.StatusAccepted)
+	_, _ = w.Write(resp)
+}
+
+func (f *clientFakeIngress) snapshot() (seen, executed []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.seen...), append([]string(nil), f.executed...)
+}
+
+// clientTestConfig has tiny backoffs (the tests wait on nothing) and no keep-alives,
+// so net/http never retries a request on its own behind the client's back and the
+// server's request count is exactly the client's attempt count.
+func clientTestConfig(t *testing.T, f *clientFakeIngress, j *Journal) ClientConfig {
+	return ClientConfig{
+		Journal:     j,
+		BaseURL:     f.srv.URL,
+		HTTPClient:  &http.Client{Transport: &http.Transport{DisableKeepAlives: true}},
+		BackoffBase: time.Microsecond,
+		BackoffMax:  time.Millisecond,
+		Timeout:     5 * time.Second,
+	}
+}
+
+func newClientT(t *testing.T, cfg ClientConfig) *Client {
+	t.Helper()
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+var clientPayment = Request{Path: "/v1/payments", Body: []byte(`{"account":"acct_1","amount_cents":1250}`)}
+
+func clientDistinct(keys []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// Every failure that leaves the outcome open is retried with the same key, and the
+// effect happens once.
+func TestClientRetriesKeepKey(t *testing.T) {
+	failures := map[string]func(w http.ResponseWriter, r *http.Request){
+		"503": func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) },
+		"409": func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusConflict)
+			_, _ = w.Write([]byte(`{"error":"in flight"}`))
+		},
+		"500 after executing": nil, // set below: the effect commits, the response is lost
+		"connection reset": func(w http.ResponseWriter, _ *http.Request) {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				_ = conn.Close()
+			}
+		},
+		"timeout": func(_ http.ResponseWriter, r *http.Request) { <-r.Context().Done() },
+	}
+	for name, fail := range failures {
+		t.Run(name, func(t *testing.T) {
+			f := newClientFakeIngress(t)
+			f.fail = func(n int, w http.ResponseWriter, r *http.Request, body []byte) bool {
+				if n > 2 {
+					return false
+				}
+				if fail == nil {
+					// Execute, then fail the response: the retries must be replays.
+					key := r.Header.Get(idem.HeaderKey)
+					f.respond(httptest.NewRecorder(), key, idem.ScopedKey(r.Header.Get(idem.HeaderScope), idem.Key(key)), body)
+					w.WriteHeader(http.StatusBadGateway)
+					return true
+				}
+				fail(w, r)
+				return true
+			}
+			j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+			cfg := clientTestConfig(t, f, j)
+			cfg.Scope = "tenant-a"
+			if name == "timeout" {
+				cfg.Timeout = 50 * time.Millisecond
+			}
+			c := newClientT(t, cfg)
+
+			res, err := c.Submit(t.Context(), clientPayment)
+			if err != nil {
+				t.Fatalf("Submit: %v", err)
+			}
+			if res.Status != IntentDone || res.HTTPStatus != http.StatusAccepted || res.Attempts != 3 {
+				t.Fatalf("result = %+v, want done, 202, 3 attempts", res)
+			}
+			seen, executed := f.snapshot()
+			if want := idem.ScopedKey("tenant-a", res.Key); len(clientDistinct(seen)) != 1 || seen[0] != want {
+				t.Fatalf("keys sent = %q, want only %q", clientDistinct(seen), want)
+			}
+			if len(executed) != 1 {
+				t.Fatalf("executed %d times, want once", len(executed))
+			}
+			var body struct{ Key string }
+			if err := json.Unmarshal(res.Response, &body); err != nil || body.Key != string(res.Key) {
+				t.Fatalf("response %s does not name key %s (%v)", res.Response, res.Key, err)
+			}
+			in, _ := j.Get(res.Key)
+			if in.Status != IntentDone || in.Attempts != 3 || !bytes.Equal(in.Response, res.Response) {
+				t.Fatalf("journal = %+v, want done with 3 attempts and the response", in)
+			}
+		})
+	}
+}
+
+// A final 4xx is a verdict on the request, not a lost response: no retry, and the
+// rejection is recorded so Resume leaves it alone.
+func TestClientStopsOnClientError(t *testing.T) {
+	for _, code := range []int{http.StatusBadRequest, http.StatusUnprocessableEntity, http.StatusNotFound} {
+		t.Run(fmt.Sprint(code), func(t *testing.T) {
+			f := newClientFakeIngress(t)
+			f.fail = func(_ int, w http.ResponseWriter, _ *http.Request, _ []byte) bool {
+				w.WriteHeader(code)
+				_, _ = w.Write([]byte(`{"error":"no"}`))
+				return true
+			}
+			j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+			c := newClientT(t, clientTestConfig(t, f, j))
+			res, err := c.Submit(t.Context(), clientPayment)
+			if err != nil {
+				t.Fatalf("Submit: %v", err)
+			}
+			if res.Status != IntentRejected || res.HTTPStatus != code || res.Attempts != 1 {
+				t.Fatalf("result = %+v, want rejected, %d, 1 attempt", res, code)
+			}
+			if seen, _ := f.snapshot(); len(seen) != 1 {
+				t.Fatalf("server saw %d requests, want 1", len(seen))
+			}
+			if p := j.Pending(); len(p) != 0 {
+				t.Fatalf("rejected intent still pending: %v", journalKeys(p))
+			}
+		})
+	}
+}
+
+// When the attempts run out the intent stays pending with its key, and a later
+// Resume finishes it with that same key.
+func TestClientGivesUpThenResumes(t *testing.T) {
+	f := newClientFakeIngress(t)
+	var healthy atomic.Bool
+	f.fail = func(_ int, w http.ResponseWriter, _ *http.Request, _ []byte) bool {
+		if healthy.Load() {
+			return false
+		}
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return true
+	}
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	cfg := clientTestConfig(t, f, j)
+	cfg.MaxAttempts = 3
+	c := newClientT(t, cfg)
+
+	res, err := c.Submit(t.Context(), clientPayment)
+	if !errors.Is(err, ErrStillPending) {
+		t.Fatalf("Submit: err = %v, want ErrStillPending", err)
+	}
+	if res.Status != IntentPending || res.Attempts != 3 || res.Key == "" {
+		t.Fatalf("result = %+v, want pending after 3 attempts, with its key", res)
+	}
+
+	healthy.Store(true)
+	results, err := c.Resume(t.Context(), nil)
+	if err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if len(results) != 1 || results[0].Key != res.Key || results[0].Status != IntentDone || results[0].Attempts != 4 {
+		t.Fatalf("Resume = %+v, want key %s done after 4 attempts in all", results, res.Key)
+	}
+	seen, executed := f.snapshot()
+	if len(clientDistinct(seen)) != 1 || len(executed) != 1 {
+		t.Fatalf("keys %q, executions %d; want one key and one execution", clientDistinct(seen), len(executed))
+	}
+}
+
+// The first response is lost on the way back: the client retries with the same key
+// and the server replays instead of executing again.
+func TestClientDropFirstResponse(t *testing.T) {
+	f := newClientFakeIngress(t)
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	c := newClientT(t, clientTestConfig(t, f, j))
+	req := clientPayment
+	req.DropFirstResponse = true
+
+	res, err := c.Submit(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != IntentDone || res.Attempts != 2 || !res.Replayed {
+		t.Fatalf("result = %+v, want done after 2 attempts, replayed", res)
+	}
+	seen, executed := f.snapshot()
+	if len(seen) != 2 || len(clientDistinct(seen)) != 1 || len(executed) != 1 {
+		t.Fatalf("requests %q, executions %d; want 2 requests with one key and one execution", seen, len(executed))
+	}
+}
+
+// The negative control: a client that loses its key mints a new one, and the server
+// cannot know the two are one intent. Two keys, two effects.
+func TestClientForgetKey(t *testing.T) {
+	f := newClientFakeIngress(t)
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	c := newClientT(t, clientTestConfig(t, f, j))
+	req := clientPayment
+	req.ForgetKey = true
+
+	res, err := c.Submit(t.Context(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen, executed := f.snapshot()
+	if len(seen) != 2 || len(clientDistinct(seen)) != 2 || len(executed) != 2 {
+		t.Fatalf("requests %q, executions %d; want 2 requests with 2 keys and 2 executions", seen, len(executed))
+	}
+	if res.Status != IntentDone || res.Replayed || res.Key != idem.Key(seen[1]) || res.ForgottenKey != idem.Key(seen[0]) {
+		t.Fatalf("result = %+v, want done, not replayed, key %s, forgotten %s", res, seen[1], seen[0])
+	}
+	if _, ok := j.Get(res.ForgottenKey); ok {
+		t.Fatal("forgotten key is still in the journal")
+	}
+	if all := j.All(); len(all) != 1 || all[0].Key != res.Key {
+		t.Fatalf("journal = %v, want only the new key", journalKeys(all))
+	}
+}
+
+// Pending intents older than the key lifetime are never re-sent: the server may have
+// forgotten the key and a late retry would be a second charge.
+func TestClientResumeSkipsExpired(t *testing.T) {
+	f := newClientFakeIngress(t)
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	old := Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments", Payload: []byte(`{}`), CreatedAt: time.Now().Add(-25 * time.Hour)}
+	fresh := Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments", Payload: []byte(`{}`), CreatedAt: time.Now().Add(-time.Hour)}
+	for _, in := range []Intent{old, fresh} {
+		if err := j.Append(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := newClientT(t, clientTestConfig(t, f, j)) // default KeyLifetime: 24h
+
+	var calls []string
+	results, err := c.Resume(t.Context(), func(done, total int, r Result) {
+		calls = append(calls, fmt.Sprintf("%d/%d %s", done, total, r.Status))
+	})
+	if err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if len(results) != 2 || results[0].Key != old.Key || results[0].Status != IntentExpired || results[0].Attempts != 0 ||
+		results[1].Key != fresh.Key || results[1].Status != IntentDone {
+		t.Fatalf("results = %+v, want [expired old, done fresh]", results)
+	}
+	if want := []string{"1/2 expired", "2/2 done"}; fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Fatalf("progress calls = %v, want %v", calls, want)
+	}
+	if seen, _ := f.snapshot(); len(seen) != 1 || seen[0] != string(fresh.Key) {
+		t.Fatalf("server saw %q, want only the fresh key", seen)
+	}
+	// The expired intent stays in the journal, pending, for a human to reconcile,
+	// and List reports it as expired.
+	if p := j.Pending(); len(p) != 1 || p[0].Key != old.Key {
+		t.Fatalf("pending = %v, want the expired intent", journalKeys(p))
+	}
+	if l := c.List(); len(l) != 2 || l[0].Status != IntentExpired || l[1].Status != IntentDone {
+		t.Fatalf("List = %+v", l)
+	}
+}
+
+// A client that crashes after journaling, before or during the send, loses nothing:
+// the next process resumes with the same key, and the effect happens once. The crash
+// is real: a child process (this test binary) exits in the middle of the send.
+func TestClientCrashThenResume(t *testing.T) {
+	for _, mode := range []string{"before-send", "after-send"} {
+		t.Run(mode, func(t *testing.T) {
+			f := newClientFakeIngress(t)
+			path := filepath.Join(t.TempDir(), "j")
+			cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestClientCrashHelper$")
+			cmd.Env = append(os.Environ(), "IDEM_CRASH_JOURNAL="+path, "IDEM_CRASH_URL="+f.srv.URL, "IDEM_CRASH_MODE="+mode)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+				t.Fatalf("child: err = %v, want exit 3; output:\n%s", err, out)
+			}
+
+			// The dead child's lock is gone with it.
+			j := journalOpenT(t, path)
+			pending := j.Pending()
+			if len(pending) != 1 {
+				t.Fatalf("pending after crash = %v, want 1 intent", journalKeys(pending))
+			}
+			c := newClientT(t, clientTestConfig(t, f, j))
+			results, err := c.Resume(t.Context(), nil)
+			if err != nil {
+				t.Fatalf("Resume: %v", err)
+			}
+			if len(results) != 1 || results[0].Key != pending[0].Key || results[0].Status != IntentDone || results[0].Attempts != 2 {
+				t.Fatalf("Resume = %+v, want %s done after 2 attempts (one crashed)", results, pending[0].Key)
+			}
+			seen, executed := f.snapshot()
+			if len(executed) != 1 || len(clientDistinct(seen)) != 1 || seen[len(seen)-1] != string(pending[0].Key) {
+				t.Fatalf("requests %q, executions %d; want one key, one execution", seen, len(executed))
+			}
+			if wantReplay := mode == "after-send"; results[0].Replayed != wantReplay {
+				t.Fatalf("replayed = %v, want %v", results[0].Replayed, wantReplay)
+			}
+		})
+	}
+}
+
+// clientCrashTransport kills the process in the middle of a send: before the request
+// leaves, or after the server has answered but before the client records it.
+type clientCrashTransport struct{ mode string }
+
+func (c clientCrashTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.mode == "before-send" {
+		os.Exit(3)
+	}
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err == nil {
+		_, _ = io.ReadAll(resp.Body)
+	}
+	os.Exit(3)
+	return nil, nil
+}
+
+// TestClientCrashHelper is the child process of TestClientCrashThenResume; it does
+// nothing in a normal test run.
+func TestClientCrashHelper(t *testing.T) {
+	path := os.Getenv("IDEM_CRASH_JOURNAL")
+	if path == "" {
+		t.Skip("child process of TestClientCrashThenResume")
+	}
+	j, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewClient(ClientConfig{
+		Journal:    j,
+		BaseURL:    os.Getenv("IDEM_CRASH_URL"),
+		HTTPClient: &http.Client{Transport: clientCrashTransport{mode: os.Getenv("IDEM_CRASH_MODE")}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Submit(context.Background(), clientPayment)
+	t.Fatalf("Submit returned (%v); the transport should have exited the process", err)
+}
+
+func TestClientScopeAndHeaders(t *testing.T) {
+	f := newClientFakeIngress(t)
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	cfg := clientTestConfig(t, f, j)
+
+	if _, err := newClientT(t, cfg).Submit(t.Context(), clientPayment); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Scope = "tenant-b"
+	if _, err := newClientT(t, cfg).Submit(t.Context(), clientPayment); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	scopes := append([]string(nil), f.scopes...)
+	f.mu.Unlock()
+	if fmt.Sprint(scopes) != fmt.Sprint([]string{"", "tenant-b"}) {
+		t.Fatalf("Idempotency-Scope headers = %q, want none then tenant-b", scopes)
+	}
+	// Two submits of identical payloads are two intents: two keys, two effects. The
+	// key names the intent, not the content.
+	if _, executed := f.snapshot(); len(executed) != 2 {
+		t.Fatalf("executions = %d, want 2", len(executed))
+	}
+}
+
+func TestClientConfigValidate(t *testing.T) {
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	c, err := NewClient(ClientConfig{Journal: j})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.cfg
+	if got.BaseURL != DefaultBaseURL || got.MaxAttempts != DefaultMaxAttempts || got.BackoffBase != DefaultBackoffBase ||
+		got.BackoffMax != DefaultBackoffMax || got.Timeout != DefaultTimeout || got.KeyLifetime != DefaultKeyLifetime ||
+		got.HTTPClient == nil || got.Logger == nil {
+		t.Fatalf("defaults not applied: %+v", got)
+	}
+	for name, cfg := range map[string]ClientConfig{
+		"no journal":       {},
+		"bad url":          {Journal: j, BaseURL: "127.0.0.1:8080"},
+		"bad scope":        {Journal: j, Scope: "a\tb"},
+		"negative timeout": {Journal: j, Timeout: -time.Second},
+		"max below base":   {Journal: j, BackoffBase: time.Second, BackoffMax: time.Millisecond},
+		"negative tries":   {Journal: j, MaxAttempts: -1},
+	} {
+		if _, err := NewClient(cfg); err == nil {
+			t.Errorf("%s: NewClient succeeded", name)
+		}
+	}
+	c, _ = NewClient(ClientConfig{Journal: j})
+	if _, err := c.Submit(t.Context(), Request{Path: "v1/payments"}); err == nil {
+		t.Error("Submit with a relative path succeeded")
+	}
+}
+
+// A cancelled context stops the retries; the intent stays pending with its key.
+func TestClientContextCancelled(t *testing.T) {
+	f := newClientFakeIngress(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	f.fail = func(_ int, w http.ResponseWriter, _ *http.Request, _ []byte) bool {
+		cancel() // the user hits ^C while the server is failing
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return true
+	}
+	j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
+	c := newClientT(t, clientTestConfig(t, f, j))
+	res, err := c.Submit(ctx, clientPayment)
+	if !errors.Is(err, ErrStillPending) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want ErrStillPending and context.Canceled", err)
+	}
+	if res.Status != IntentPending || res.Key == "" {
+		t.Fatalf("result = %+v, want pending with a key", res)
+	}
+	if p := j.Pending(); len(p) != 1 || p[0].Key != res.Key {
+		t.Fatalf("journal pending = %v, want %s", journalKeys(p), res.Key)
+	}
+}

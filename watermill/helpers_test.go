@@ -1,0 +1,175 @@
+package idemwatermill_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/dedupe"
+	idemwatermill "github.com/idemkit/idem/watermill"
+)
+
+// topic is the Watermill topic the tests' handlers subscribe to.
+const topic = "payments"
+
+// deadline bounds every wait on a condition; a test that hits it has hung.
+const deadline = 30 * time.Second
+
+// newPubSub returns an in-process pub/sub whose Publish returns only once the
+// subscriber acked the message, after every nack-and-resend. A test that publishes
+// therefore knows the message is fully processed when Publish returns, without
+// sleeping. (A subscriber must exist, or gochannel drops the message.)
+func newPubSub() *gochannel.GoChannel {
+	return gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
+}
+
+// startRouter runs a real Watermill router with one consumer handler on topic and
+// the given router-level middlewares (first is outermost). It returns once the
+// handler has subscribed, and closes the router when the test ends.
+func startRouter(t *testing.T, ps *gochannel.GoChannel, handler message.NoPublishHandlerFunc, mws ...message.HandlerMiddleware) {
+	t.Helper()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: deadline}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatalf("new router: %v", err)
+	}
+	r.AddMiddleware(mws...)
+	r.AddConsumerHandler("ledger", topic, ps, handler)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		if err := r.Close(); err != nil {
+			t.Errorf("close router: %v", err)
+		}
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("router run: %v", err)
+			}
+		case <-time.After(deadline):
+			t.Errorf("router did not stop within %v", deadline)
+		}
+	})
+	select {
+	case <-r.Running():
+	case err := <-done:
+		t.Fatalf("router stopped before running: %v", err)
+	case <-time.After(deadline):
+		t.Fatalf("router not running within %v", deadline)
+	}
+}
+
+// publish publishes msgs to topic and waits until each was acked by the router.
+func publish(t *testing.T, ps message.Publisher, msgs ...*message.Message) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- ps.Publish(topic, msgs...) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("publish: %v", err)
+		}
+	case <-time.After(deadline):
+		t.Fatalf("messages not acked within %v: the handler keeps failing", deadline)
+	}
+}
+
+// chargePayload is the demo payment body.
+type chargePayload struct {
+	Account     string `json:"account"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// payment builds a Watermill message carrying a payment. An empty key leaves the
+// Idempotency-Key metadata unset.
+func payment(key, account string, cents int64) *message.Message {
+	body, err := json.Marshal(chargePayload{Account: account, AmountCents: cents})
+	if err != nil {
+		panic(err) // a struct of a string and an int always marshals
+	}
+	m := message.NewMessage(watermill.NewUUID(), body)
+	if key != "" {
+		m.Metadata.Set(idem.HeaderKey, key)
+	}
+	return m
+}
+
+// execer is a pool or a transaction.
+type execer = dedupe.Querier
+
+// insertLedger is the side effect: one row in ledger_entries, which has no unique
+// constraint on the key, so a double effect shows up as a second row.
+func insertLedger(ctx context.Context, db execer, msg *message.Message) error {
+	var p chargePayload
+	if err := json.Unmarshal(msg.Payload, &p); err != nil {
+		return fmt.Errorf("decode payment: %w", err)
+	}
+	_, err := db.Exec(ctx,
+		`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, $2, $3)`,
+		msg.Metadata.Get(idem.HeaderKey), p.Account, p.AmountCents)
+	if err != nil {
+		return fmt.Errorf("insert ledger entry: %w", err)
+	}
+	return nil
+}
+
+// ledgerInTx writes the effect through the transaction the idem middleware opened.
+func ledgerInTx(msg *message.Message) error {
+	tx, ok := idemwatermill.TxFromContext(msg.Context())
+	if !ok {
+		return errors.New("no transaction in the message context")
+	}
+	return insertLedger(msg.Context(), tx, msg)
+}
+
+// errTransient is the failure injected by flaky.
+var errTransient = errors.New("transient failure: the payment provider timed out")
+
+// flaky wraps a handler: it counts calls and fails the first `failures` of them
+// with errTransient before any effect, as a handler whose provider timed out does.
+type flaky struct {
+	failures int64
+	calls    atomic.Int64
+	next     message.NoPublishHandlerFunc
+}
+
+func (f *flaky) handle(msg *message.Message) error {
+	if f.calls.Add(1) <= f.failures {
+		return errTransient
+	}
+	return f.next(msg)
+}
+
+// recorder is a message.Publisher that keeps what it is given: the poison queue's
+// destination in tests.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []*message.Message
+}
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, msgs...)
+	return nil
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) messages() []*message.Message {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]*message.Message(nil), r.msgs...)
+}

@@ -1,0 +1,415 @@
+package idemwatermill_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	idemwatermill "github.com/idemkit/idem/watermill"
+)
+
+// newMiddleware returns the middleware under test with consumer "ledger".
+func newMiddleware(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
+	t.Helper()
+	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: "ledger"})
+	if err != nil {
+		t.Fatalf("new middleware: %v", err)
+	}
+	return mw
+}
+
+// noPublish adapts a handler that produces no messages.
+func noPublish(h message.NoPublishHandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+}
+
+// poisonQueue is the wiring the package documents: permanent errors go to a poison
+// queue (here a recorder) and are acked; everything else is returned to the router.
+func poisonQueue(t *testing.T, rec *recorder) message.HandlerMiddleware {
+	t.Helper()
+	pq, err := middleware.PoisonQueueWithFilter(rec, "poison", idemwatermill.IsPermanent)
+	if err != nil {
+		t.Fatalf("poison queue: %v", err)
+	}
+	return pq
+}
+
+// A true redelivery (same key, same payload) is folded: one effect, the handler
+// runs once, every delivery is acked. A redelivery may come with a new Watermill
+// UUID (a relay re-publish mints one); the UUID is not the key, so it is folded
+// too.
+func TestRedeliveryIsFoldedIntoOneEffect(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ps := newPubSub()
+	h := &flaky{next: ledgerInTx}
+	startRouter(t, ps, h.handle, newMiddleware(t, db))
+
+	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+	publish(t, ps, msg)
+	publish(t, ps, msg) // the broker redelivers the same message
+
+	again := payment(msg.Metadata.Get(idem.HeaderKey), "acct_1", 1250)
+	if again.UUID == msg.UUID {
+		t.Fatal("test setup: the re-publish must carry a fresh UUID")
+	}
+	publish(t, ps, again)
+
+	if got := h.calls.Load(); got != 1 {
+		t.Errorf("handler ran %d times, want 1", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'ledger'`); got != 1 {
+		t.Errorf("inbox rows = %d, want 1", got)
+	}
+}
+
+// The same key with a different payload is a producer bug: it is rejected with a
+// permanent error that the poison queue files with its reason; the first payment
+// stands alone and the second amount is never charged.
+func TestSameKeyDifferentPayloadIsRejected(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ps := newPubSub()
+	poisoned := &recorder{}
+	h := &flaky{next: ledgerInTx}
+	startRouter(t, ps, h.handle, poisonQueue(t, poisoned), newMiddleware(t, db))
+
+	key := idem.NewKey().String()
+	publish(t, ps, payment(key, "acct_1", 1250))
+	publish(t, ps, payment(key, "acct_1", 9999)) // acked only after the poison queue took it
+
+	if got := h.calls.Load(); got != 1 {
+		t.Errorf("handler ran %d times, want 1", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries WHERE amount_cents = 9999`); got != 0 {
+		t.Errorf("the mismatched payload was charged %d times", got)
+	}
+	msgs := poisoned.messages()
+	if len(msgs) != 1 {
+		t.Fatalf("poison queue holds %d messages, want 1", len(msgs))
+	}
+	if reason := msgs[0].Metadata.Get(middleware.ReasonForPoisonedKey); !strings.Contains(reason, idem.ErrFingerprintMismatch.Error()) {
+		t.Errorf("poison reason = %q, want it to name the fingerprint mismatch", reason)
+	}
+
+	// The error itself, without the router.
+	wrapped := newMiddleware(t, db)(noPublish(ledgerInTx))
+	_, err := wrapped(payment(key, "acct_1", 9999))
+	if !errors.Is(err, idemwatermill.ErrFingerprintMismatch) || !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Errorf("error = %v, want ErrFingerprintMismatch wrapping idem.ErrFingerprintMismatch", err)
+	}
+	if !idemwatermill.IsPermanent(err) {
+		t.Errorf("a fingerprint mismatch must be permanent: %v", err)
+	}
+}
+
+// A message without Idempotency-Key never reaches the handler and is never hashed
+// into a key: it is a permanent error, filed by the poison queue.
+func TestMissingKeyGoesToPoisonQueue(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ps := newPubSub()
+	poisoned := &recorder{}
+	h := &flaky{next: ledgerInTx}
+	startRouter(t, ps, h.handle, poisonQueue(t, poisoned), newMiddleware(t, db))
+
+	publish(t, ps, payment("", "acct_1", 1250))
+
+	if got := h.calls.Load(); got != 0 {
+		t.Errorf("handler ran %d times, want 0", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox`); got != 0 {
+		t.Errorf("inbox rows = %d, want 0", got)
+	}
+	msgs := poisoned.messages()
+	if len(msgs) != 1 {
+		t.Fatalf("poison queue holds %d messages, want 1", len(msgs))
+	}
+	if reason := msgs[0].Metadata.Get(middleware.ReasonForPoisonedKey); !strings.Contains(reason, idem.ErrMissingKey.Error()) {
+		t.Errorf("poison reason = %q, want it to name the missing key", reason)
+	}
+}
+
+func TestBadKeysArePermanentErrors(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cases := []struct {
+		name     string
+		metadata map[string]string
+		want     error
+	}{
+		{"no key", nil, idem.ErrMissingKey},
+		{"empty key", map[string]string{idem.HeaderKey: ""}, idem.ErrMissingKey},
+		{"control byte", map[string]string{idem.HeaderKey: "pay\x01"}, idem.ErrMalformedKey},
+		{"blank", map[string]string{idem.HeaderKey: "   "}, idem.ErrMalformedKey},
+		{"too long", map[string]string{idem.HeaderKey: strings.Repeat("k", idem.MaxKeyLen+1)}, idem.ErrMalformedKey},
+		{"bad scope", map[string]string{idem.HeaderKey: "k1", idem.HeaderScope: "tenant\n"}, idem.ErrMalformedKey},
+		{"scoped twice", map[string]string{idem.HeaderKey: idem.ScopedKey("t1", "k1"), idem.HeaderScope: "t2"}, idem.ErrMalformedKey},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			called := false
+			wrapped := newMiddleware(t, db)(func(*message.Message) ([]*message.Message, error) {
+				called = true
+				return nil, nil
+			})
+			msg := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+			for k, v := range tc.metadata {
+				msg.Metadata.Set(k, v)
+			}
+			_, err := wrapped(msg)
+			if !errors.Is(err, tc.want) || !idemwatermill.IsPermanent(err) {
+				t.Errorf("error = %v, want a permanent error wrapping %v", err, tc.want)
+			}
+			if called {
+				t.Error("the handler ran")
+			}
+		})
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox`); got != 0 {
+		t.Errorf("inbox rows = %d, want 0", got)
+	}
+}
+
+// A handler that writes and then fails leaves nothing behind: neither its write
+// nor the claim. The next delivery runs again; the one after is a duplicate.
+func TestHandlerErrorRollsBackClaimAndWrites(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mw := newMiddleware(t, db)
+	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+
+	failing := mw(func(msg *message.Message) ([]*message.Message, error) {
+		if err := ledgerInTx(msg); err != nil {
+			return nil, err
+		}
+		return nil, errTransient // after the write
+	})
+	_, err := failing(msg)
+	if !errors.Is(err, errTransient) {
+		t.Fatalf("error = %v, want the handler's own error", err)
+	}
+	if idemwatermill.IsPermanent(err) {
+		t.Errorf("a plain handler error must not be permanent")
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 0 {
+		t.Errorf("ledger rows after the failure = %d, want 0", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox`); got != 0 {
+		t.Errorf("inbox rows after the failure = %d, want 0 (the claim must roll back)", got)
+	}
+
+	h := &flaky{next: ledgerInTx}
+	working := mw(noPublish(h.handle))
+	for i := range 2 {
+		if _, err := working(msg); err != nil {
+			t.Fatalf("delivery %d: %v", i+2, err)
+		}
+	}
+	if got := h.calls.Load(); got != 1 {
+		t.Errorf("handler ran %d times after the failure, want 1", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+
+	// A handler may mark its own error permanent; the claim rolls back just the same.
+	other := payment(idem.NewKey().String(), "acct_2", 1)
+	_, err = mw(noPublish(func(*message.Message) error {
+		return idemwatermill.Permanent(errors.New("account closed"))
+	}))(other)
+	if !idemwatermill.IsPermanent(err) {
+		t.Errorf("error = %v, want permanent", err)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = $1`, other.Metadata.Get(idem.HeaderKey)); got != 0 {
+		t.Errorf("a permanently failed message left its claim behind")
+	}
+}
+
+// Concurrent deliveries of one message: exactly one runs the handler; the others
+// wait on its uncommitted claim and are folded as duplicates once it commits.
+func TestConcurrentDeliveriesProduceOneEffect(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	const deliveries = 8
+	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+
+	h := &flaky{next: func(msg *message.Message) error {
+		// Hold the claim until every other delivery is blocked on it, so the test
+		// exercises the concurrent path and not a sequential one.
+		tx, _ := idemwatermill.TxFromContext(msg.Context())
+		stop := time.Now().Add(deadline)
+		for {
+			var waiting int
+			err := tx.QueryRow(msg.Context(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
+			if err != nil {
+				return err
+			}
+			if waiting == deliveries-1 {
+				break
+			}
+			if time.Now().After(stop) {
+				return errors.New("the other deliveries never blocked on the claim")
+			}
+			time.Sleep(5 * time.Millisecond) // poll interval of a condition wait, bounded by stop
+		}
+		return ledgerInTx(msg)
+	}}
+	wrapped := newMiddleware(t, db)(noPublish(h.handle))
+
+	var wg sync.WaitGroup
+	errs := make(chan error, deliveries)
+	for range deliveries {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := wrapped(msg.Copy())
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("delivery: %v", err)
+		}
+	}
+	if got := h.calls.Load(); got != 1 {
+		t.Errorf("handler ran %d times, want 1", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
+		t.Errorf("ledger rows = %d, want 1", got)
+	}
+}
+
+// The transaction is in the context while the handler runs and gone afterwards,
+// so no finished transaction leaks to outer middlewares. Produced messages are
+// returned on the first delivery and not on a duplicate.
+func TestTransactionContextAndProducedMessages(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	if _, ok := idemwatermill.TxFromContext(context.Background()); ok {
+		t.Error("TxFromContext found a transaction in an empty context")
+	}
+
+	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+	receipt := message.NewMessage(watermill.NewUUID(), []byte(`{"receipt":true}`))
+	sawTx := false
+	wrapped := newMiddleware(t, db)(func(m *message.Message) ([]*message.Message, error) {
+		_, sawTx = idemwatermill.TxFromContext(m.Context())
+		return []*message.Message{receipt}, nil
+	})
+
+	produced, err := wrapped(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sawTx {
+		t.Error("the handler saw no transaction")
+	}
+	if _, ok := idemwatermill.TxFromContext(msg.Context()); ok {
+		t.Error("the transaction is still in the message context after the handler")
+	}
+	if len(produced) != 1 || produced[0] != receipt {
+		t.Errorf("produced = %v, want the handler's receipt", produced)
+	}
+
+	produced, err = wrapped(msg)
+	if err != nil || len(produced) != 0 {
+		t.Errorf("duplicate: produced %d messages, err %v; want none, nil", len(produced), err)
+	}
+}
+
+// Scope metadata keeps two tenants' equal keys apart; the inbox stores the scoped
+// key, as idem's JetStream consumer would.
+func TestScopesKeepEqualKeysApart(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	wrapped := newMiddleware(t, db)(noPublish(ledgerInTx))
+	for _, scope := range []string{"tenant_a", "tenant_b", "tenant_a"} {
+		msg := payment("order-1", "acct_1", 1250)
+		msg.Metadata.Set(idem.HeaderScope, scope)
+		if _, err := wrapped(msg); err != nil {
+			t.Fatalf("scope %s: %v", scope, err)
+		}
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 2 {
+		t.Errorf("ledger rows = %d, want 2 (one per tenant)", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = $1`, idem.ScopedKey("tenant_a", "order-1")); got != 1 {
+		t.Errorf("inbox does not hold tenant_a's scoped key")
+	}
+}
+
+func TestKeyLifetime(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	for consumer, want := range map[string]time.Duration{"default": 0, "short": time.Hour} {
+		mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumer, KeyLifetime: want})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := mw(noPublish(ledgerInTx))(payment("k1", "acct_1", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if want == 0 {
+			want = 72 * time.Hour // dedupe.DefaultLifetime
+		}
+		var seconds float64
+		if err := db.Pool.QueryRow(context.Background(),
+			`SELECT extract(epoch FROM expires_at - created_at)::float8 FROM idem_inbox WHERE consumer = $1`, consumer).Scan(&seconds); err != nil {
+			t.Fatal(err)
+		}
+		got := time.Duration(seconds * float64(time.Second))
+		if got < want-time.Minute || got > want+time.Minute {
+			t.Errorf("%s: key lifetime = %v, want %v", consumer, got, want)
+		}
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	cases := []struct {
+		name string
+		cfg  idemwatermill.Config
+		nil  bool
+	}{
+		{name: "nil pool", cfg: idemwatermill.Config{Consumer: "c"}, nil: true},
+		{name: "no consumer", cfg: idemwatermill.Config{}},
+		{name: "negative lifetime", cfg: idemwatermill.Config{Consumer: "c", KeyLifetime: -time.Second}},
+	}
+	for _, tc := range cases {
+		pool := db.Pool
+		if tc.nil {
+			pool = nil
+		}
+		if _, err := idemwatermill.NewMiddleware(pool, tc.cfg); err == nil {
+			t.Errorf("%s: NewMiddleware accepted it", tc.name)
+		}
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: Middleware did not panic", tc.name)
+				}
+			}()
+			idemwatermill.Middleware(pool, tc.cfg)
+		}()
+	}
+}

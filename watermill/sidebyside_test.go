@@ -1,0 +1,144 @@
+package idemwatermill_test
+
+// Side by side: Watermill's own middleware.Deduplicator (v1.5.1, used as shipped)
+// and this package's middleware, behind a real message.Router on gochannel, with
+// the effect written to a real Postgres table that has no unique constraint on
+// the key.
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	idemwatermill "github.com/idemkit/idem/watermill"
+)
+
+// contender is one deduplication strategy under test.
+type contender struct {
+	name string
+	// middleware returns the strategy's router middleware.
+	middleware func(db *pgtest.DB) message.HandlerMiddleware
+	// effect is the handler's side effect: through the pool for the Deduplicator,
+	// which has no transaction, through the idem transaction for the adapter.
+	effect func(db *pgtest.DB) message.NoPublishHandlerFunc
+}
+
+// watermillDefault returns middleware.Deduplicator with its defaults: the key is an
+// Adler-32 hash of the payload, remembered for a minute in process memory.
+func watermillDefault() contender {
+	return contender{
+		name: "watermill Deduplicator, default payload-hash key",
+		middleware: func(*pgtest.DB) message.HandlerMiddleware {
+			return (&middleware.Deduplicator{}).Middleware
+		},
+		effect: ledgerViaPool,
+	}
+}
+
+// watermillByKey returns middleware.Deduplicator keyed on the Idempotency-Key metadata,
+// the best a Watermill user can configure it.
+func watermillByKey() contender {
+	return contender{
+		name: "watermill Deduplicator keyed on Idempotency-Key metadata",
+		middleware: func(*pgtest.DB) message.HandlerMiddleware {
+			d := &middleware.Deduplicator{KeyFactory: middleware.NewMessageHasherFromMetadataField(idem.HeaderKey)}
+			return d.Middleware
+		},
+		effect: ledgerViaPool,
+	}
+}
+
+// adapter returns this package's middleware.
+func adapter() contender {
+	return contender{
+		name: "idemwatermill.Middleware",
+		middleware: func(db *pgtest.DB) message.HandlerMiddleware {
+			return idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: "ledger"})
+		},
+		effect: func(*pgtest.DB) message.NoPublishHandlerFunc { return ledgerInTx },
+	}
+}
+
+func ledgerViaPool(db *pgtest.DB) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error { return insertLedger(msg.Context(), db.Pool, msg) }
+}
+
+// A handler fails once, transiently, before its effect. The router nacks and
+// gochannel redelivers the message.
+//
+// Watermill's Deduplicator recorded the key before the handler ran, so it drops
+// the redelivery as a duplicate and acks it: the handler ran once, failed, and the
+// payment never happens. Keying on Idempotency-Key does not help; the flaw is the
+// order (record, then run), not the key. The adapter's claim is rolled back with
+// the failed attempt, so the redelivery runs: exactly one effect.
+func TestTransientFailureLosesMessageOnlyWithWatermillDeduplicator(t *testing.T) {
+	cases := []struct {
+		contender
+		wantCalls   int64 // handler invocations, the failed one included
+		wantEffects int   // ledger rows
+	}{
+		{contender: watermillDefault(), wantCalls: 1, wantEffects: 0},
+		{contender: watermillByKey(), wantCalls: 1, wantEffects: 0},
+		{contender: adapter(), wantCalls: 2, wantEffects: 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			ps := newPubSub()
+			h := &flaky{failures: 1, next: tc.effect(db)}
+			startRouter(t, ps, h.handle, tc.middleware(db))
+
+			// Returns once the message is acked: processed or dropped.
+			publish(t, ps, payment(idem.NewKey().String(), "acct_1", 1250))
+
+			if got := h.calls.Load(); got != tc.wantCalls {
+				t.Errorf("handler ran %d times, want %d", got, tc.wantCalls)
+			}
+			if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != tc.wantEffects {
+				t.Errorf("ledger rows = %d, want %d", got, tc.wantEffects)
+			}
+		})
+	}
+}
+
+// Two devices each press "pay 12.50 from acct_1": two intents, two keys, the same
+// bytes.
+//
+// Watermill's default Deduplicator keys on a hash of the payload and folds the
+// second payment into the first. (Keyed on Idempotency-Key it keeps both: that
+// flaw is fixable by configuration, the lost retry above is not.) The adapter keys
+// on Idempotency-Key only and charges twice, as asked.
+func TestIdenticalPaymentsFoldedOnlyByPayloadHash(t *testing.T) {
+	cases := []struct {
+		contender
+		wantEffects int
+	}{
+		{contender: watermillDefault(), wantEffects: 1},
+		{contender: watermillByKey(), wantEffects: 2},
+		{contender: adapter(), wantEffects: 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			ps := newPubSub()
+			h := &flaky{next: tc.effect(db)}
+			startRouter(t, ps, h.handle, tc.middleware(db))
+
+			first, second := payment("device-a-press-1", "acct_1", 1250), payment("device-b-press-1", "acct_1", 1250)
+			if string(first.Payload) != string(second.Payload) {
+				t.Fatal("test setup: the two payments must be byte-identical")
+			}
+			publish(t, ps, first)
+			publish(t, ps, second)
+
+			if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != tc.wantEffects {
+				t.Errorf("ledger rows = %d, want %d", got, tc.wantEffects)
+			}
+		})
+	}
+}
