@@ -66,6 +66,9 @@ type Config struct {
 	Logger *slog.Logger
 	// OnOutcome, when set, counts outcomes (for metrics).
 	OnOutcome func(consumer, outcome string, n int)
+	// BeforeCommit, when set, runs after the handlers' effects and before COMMIT.
+	// Returning an error rolls the batch back: a fault point for tests.
+	BeforeCommit func(ctx context.Context, ds []*Delivery) error
 	// AfterCommit, when set, runs after a batch committed and before it is acked.
 	// Returning an error abandons the batch unacked, as if the worker died there:
 	// a fault point for tests and fault injection.

@@ -208,6 +208,11 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery) (batchResult, e
 			}
 		}
 	}
+	if c.cfg.BeforeCommit != nil {
+		if err := c.cfg.BeforeCommit(ctx, ds); err != nil {
+			return res, fmt.Errorf("consumer: before commit: %w", err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, fmt.Errorf("consumer: commit: %w", err)
 	}

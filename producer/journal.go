@@ -150,6 +150,9 @@ type Intent struct {
 // write is fsynced before it returns, so a key is never sent before it would survive
 // a crash, and a restarted client finds it again (Client.Resume).
 //
+// Open replays the whole file into memory; the journal is meant for one client's
+// intents, and compaction keeps it to the live ones.
+//
 // A Journal holds an exclusive lock on path+".lock" from Open to Close, so two
 // processes never interleave writes in one file. A Journal is safe for concurrent use
 // by multiple goroutines.

@@ -338,7 +338,7 @@ func runE2E(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, er
 
 	maxCfg := cfg.Pipeline
 	maxCfg.Scenario, maxCfg.Producers, maxCfg.Rate = scE2E+"/max", cfg.MaxProducers, 0
-	run, err := withEnv(ctx, newEnv, func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, maxCfg) })
+	run, err := withEnv(ctx, labelled(newEnv, scE2E+"-max"), func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, maxCfg) })
 	if err != nil {
 		return nil, fmt.Errorf("%s (max): %w", scE2E, err)
 	}
@@ -355,7 +355,7 @@ func runE2E(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, er
 
 	rateCfg := cfg.Pipeline
 	rateCfg.Scenario, rateCfg.Producers, rateCfg.Rate, rateCfg.EnqueueBatch = scE2E+"/rate", 1, cfg.Rate, cfg.RateBatch
-	run, err = withEnv(ctx, newEnv, func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, rateCfg) })
+	run, err = withEnv(ctx, labelled(newEnv, scE2E+"-rate"), func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, rateCfg) })
 	if err != nil {
 		return nil, fmt.Errorf("%s (rate): %w", scE2E, err)
 	}
@@ -378,7 +378,7 @@ func runE2E(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, er
 func runE2EDup(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, error) {
 	p := cfg.Pipeline
 	p.Scenario, p.Producers, p.Rate, p.Duplicate = scE2EDup, cfg.MaxProducers, 0, true
-	run, err := withEnv(ctx, newEnv, func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, p) })
+	run, err := withEnv(ctx, labelled(newEnv, scE2EDup), func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, p) })
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", scE2EDup, err)
 	}
@@ -396,7 +396,7 @@ func runE2EDup(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result,
 }
 
 // withEnv runs f in a fresh environment and closes it.
-func withEnv[T any](ctx context.Context, newEnv envFactory, f func(*Env) (T, error)) (T, error) {
+func withEnv[T any](ctx context.Context, newEnv func(context.Context) (*Env, error), f func(*Env) (T, error)) (T, error) {
 	env, err := newEnv(ctx)
 	if err != nil {
 		var zero T

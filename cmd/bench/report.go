@@ -67,7 +67,11 @@ type Target struct {
 }
 
 func find(rs []Result, row string) *Result {
-	i := slices.IndexFunc(rs, func(r Result) bool { return r.Row == row })
+	return findFunc(rs, func(r Result) bool { return r.Row == row })
+}
+
+func findFunc(rs []Result, f func(Result) bool) *Result {
+	i := slices.IndexFunc(rs, f)
 	if i < 0 {
 		return nil
 	}
@@ -90,7 +94,8 @@ func ratiosAndTargets(rs []Result) (map[string]float64, []Target) {
 	}
 	ratio("idem-consumer/naive", 3)
 	ratio("idem-consumer/handwritten-inbox", 5)
-	e2e, lat := find(rs, rowE2EMax), find(rs, rowE2ERate)
+	e2e := find(rs, rowE2EMax)
+	lat := findFunc(rs, func(r Result) bool { return strings.HasPrefix(r.Row, rowE2ERatePref) })
 	t := Target{Name: "e2e sustained intents/s", Want: ">= 10000"}
 	if e2e != nil {
 		t.Got, t.Met, t.Measured = e2e.Rate, e2e.Rate >= 10000, true

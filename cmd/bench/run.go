@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -231,5 +230,3 @@ func optionsMap(o Options) map[string]any {
 		"dup_ack_wait": o.DupAckWait.String(), "sync_always": o.SyncAlways, "inprocess": o.InProcess,
 	}
 }
-
-var _ = errors.New

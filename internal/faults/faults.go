@@ -7,7 +7,7 @@
 //	IDEM_FAULTS=consumer.after-commit=kill@3,relay.after-publish=kill
 //
 // kill sends SIGKILL to the process itself (no deferred function, no flush: a real
-// crash); exit exits with status 3. @n fires on the n-th time the point is reached
+// crash); exit exits with status 3; on merely arms a switch (see Armed). @n fires on the n-th time the point is reached
 // (default: the first).
 package faults
 
@@ -29,6 +29,11 @@ const (
 	RelayAfterPublish   = "relay.after-publish"   // published, not marked
 	IngressAfterCommit  = "ingress.after-commit"  // committed, response not sent
 	EffectBeforeCommit  = "effect.before-commit"  // effect done, inbox transaction not committed
+
+	// SkipInboxClaim is not a crash but the chaos suite's negative control: armed
+	// (consumer.skip-inbox-claim=on), the charge consumer runs without its inbox
+	// claim, so the checker must see doubled effects.
+	SkipInboxClaim = "consumer.skip-inbox-claim"
 )
 
 type fault struct {
@@ -66,8 +71,8 @@ func Parse(spec string) (*Set, error) {
 			}
 			action, f.at = a, v
 		}
-		if action != "kill" && action != "exit" {
-			return nil, fmt.Errorf("faults: %q: action must be kill or exit", item)
+		if action != "kill" && action != "exit" && action != "on" {
+			return nil, fmt.Errorf("faults: %q: action must be kill, exit or on", item)
 		}
 		f.action = action
 		s.points[point] = f
@@ -98,7 +103,7 @@ func (s *Set) Hit(point string) {
 		fire = f.hits == f.at
 	}
 	s.mu.Unlock()
-	if !fire {
+	if !fire || f.action == "on" {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "faults: %s fired (%s)\n", point, f.action)

@@ -179,6 +179,10 @@ func (s *Service) connect(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("service: DATABASE_URL: %w", err)
 	}
+	if _, ok := pcfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		// Lets an operator (or the chaos suite) find the worker's connections.
+		pcfg.ConnConfig.RuntimeParams["application_name"] = "idem-worker"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("service: open database pool: %w", err)
@@ -273,6 +277,20 @@ func (s *Service) chargeConfig() consumer.Config {
 
 func (s *Service) startCharges(ctx context.Context) error {
 	cc := s.chargeConfig()
+	if s.cfg.Faults.Armed(faults.SkipInboxClaim) {
+		s.log.Warn("NEGATIVE CONTROL: the charge consumer runs WITHOUT its inbox claim; effects will double")
+		cc.UnsafeSkipInboxClaim = true
+	}
+	if s.cfg.Faults.Armed(faults.EffectBeforeCommit) {
+		prev := cc.BeforeCommit
+		cc.BeforeCommit = func(ctx context.Context, ds []*consumer.Delivery) error {
+			s.cfg.Faults.Hit(faults.EffectBeforeCommit)
+			if prev != nil {
+				return prev(ctx, ds)
+			}
+			return nil
+		}
+	}
 	if s.cfg.Faults.Armed(faults.ConsumerAfterCommit) {
 		prev := cc.AfterCommit
 		cc.AfterCommit = func(ctx context.Context, ds []*consumer.Delivery) error {

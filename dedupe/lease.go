@@ -1,0 +1,237 @@
+package dedupe
+
+// Leases: the two-phase claim for effects that cannot join a Postgres transaction.
+//
+// An in-transaction effect (a ledger row) commits together with its inbox claim, so
+// there is never a moment in which one exists without the other. An email handed to
+// an SMTP server or a charge sent to a payment provider cannot be rolled back with a
+// transaction, so the claim is split in two, each phase its own short commit:
+//
+//	Lease          claim the key as 'leased' until now()+leaseFor      COMMIT
+//	               ... perform the effect, passing the key downstream ...
+//	               (ExtendLease while it runs; RecordStep after each step)
+//	CompleteLease  status 'done', result stored, lease cleared         COMMIT
+//
+// What another delivery of the same key finds tells it what to do:
+//
+//	'done'                 LeaseDone: the effect happened; return the first result.
+//	'leased', live         LeaseBusy: someone is performing it now; back off.
+//	'leased', expired      LeaseAcquired: the holder died (or released it after a
+//	                       failure); take over and perform it again, from the last
+//	                       recovery point, with the same key.
+//	other fingerprint      LeaseMismatch: a producer bug; never merged.
+//
+// The window between the effect and CompleteLease cannot be closed: a worker that
+// dies there leaves a performed effect under an expired lease, and the takeover
+// performs it again. That is why the key is passed downstream: a downstream that
+// honours it (an Idempotency-Key header, a Message-ID) folds the second attempt, and
+// the effect is exactly once; one that does not sees it twice — at least once, but
+// never silently zero.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrLeaseLost is returned by the holder-only operations (ExtendLease, RecordStep,
+// CompleteLease, ReleaseLease) when the caller no longer holds the lease: it
+// expired and another worker took it over, or the key was completed or collected.
+// The caller must stop: the new holder is performing the effect.
+var ErrLeaseLost = errors.New("dedupe: lease lost: another worker holds this key now")
+
+// LeaseOutcome is what Lease found for a key.
+type LeaseOutcome int
+
+const (
+	// LeaseAcquired: the caller holds the lease and must perform the effect, then
+	// CompleteLease (or ReleaseLease on failure).
+	LeaseAcquired LeaseOutcome = iota + 1
+	// LeaseBusy: another worker holds a live lease. Perform nothing; try again
+	// after LeaseResult.RetryIn.
+	LeaseBusy
+	// LeaseDone: the effect was completed; LeaseResult.Result is its first result.
+	LeaseDone
+	// LeaseMismatch: the key was first claimed with a different payload.
+	LeaseMismatch
+)
+
+// String names the outcome, for logs.
+func (o LeaseOutcome) String() string {
+	switch o {
+	case LeaseAcquired:
+		return "acquired"
+	case LeaseBusy:
+		return "busy"
+	case LeaseDone:
+		return "done"
+	case LeaseMismatch:
+		return "mismatch"
+	}
+	return fmt.Sprintf("LeaseOutcome(%d)", int(o))
+}
+
+// Holder names one acquisition of a lease: the inbox row and the random token that
+// proves who holds it. Every acquisition mints a new token, so a worker whose lease
+// was taken over is refused by the holder-only operations instead of completing,
+// or overwriting the recovery point of, the new holder's attempt.
+type Holder struct {
+	Consumer string
+	Key      string
+	Token    string
+}
+
+// LeaseResult is the answer of Lease.
+type LeaseResult struct {
+	Outcome LeaseOutcome
+
+	// Holder, for LeaseAcquired, is what the holder-only operations take.
+	Holder Holder
+	// Attempt, for LeaseAcquired, counts acquisitions of this key: 1 the first
+	// time, more after a takeover or a released failure. Above 1, an earlier
+	// attempt may already have reached the downstream.
+	Attempt int
+	// Step and StepState, for LeaseAcquired, are the last recovery point recorded
+	// by an earlier attempt (RecordStep); empty on a first attempt.
+	Step      string
+	StepState []byte
+	// Until is when the lease ends unless extended: the caller's (LeaseAcquired)
+	// or the other worker's (LeaseBusy).
+	Until time.Time
+
+	// RetryIn, for LeaseBusy, is how long the other worker's lease still runs by
+	// the database's clock: the earliest a retry can take it over.
+	RetryIn time.Duration
+
+	// Result, for LeaseDone, is the stored first result.
+	Result []byte
+}
+
+// leaseTries bounds Lease's loop. Each extra turn happens only when the row changed
+// between two statements (it expired, or was deleted, in between), so a second
+// turn almost always settles it.
+const leaseTries = 5
+
+// Lease claims key for consumer for leaseFor, in its own committed statement; see
+// the outcomes of LeaseOutcome. fingerprint is the payload's (Fingerprint);
+// lifetime is how long the key is remembered (default DefaultLifetime).
+//
+// db must not be a transaction that stays open across the effect: other workers
+// learn of the lease only once it commits. Pass a pool.
+//
+// Taking over an expired lease is race-free: of any number of workers that find
+// the same expired lease, exactly one acquires it.
+func Lease(ctx context.Context, db Querier, consumer, key string, fingerprint []byte, leaseFor, lifetime time.Duration) (LeaseResult, error) {
+	if leaseFor <= 0 {
+		return LeaseResult{}, fmt.Errorf("dedupe: lease %q: leaseFor must be positive, got %s", key, leaseFor)
+	}
+	if lifetime <= 0 {
+		lifetime = DefaultLifetime
+	}
+	for range leaseTries {
+		token := rand.Text()
+		var (
+			attempt int
+			step    *string
+			state   []byte
+			until   time.Time
+		)
+		err := db.QueryRow(ctx, sqlLeaseAcquire, consumer, key, fingerprint, leaseFor, token, lifetime).
+			Scan(&attempt, &step, &state, &until)
+		if err == nil {
+			r := LeaseResult{
+				Outcome:   LeaseAcquired,
+				Holder:    Holder{Consumer: consumer, Key: key, Token: token},
+				Attempt:   attempt,
+				StepState: state,
+				Until:     until,
+			}
+			if step != nil {
+				r.Step = *step
+			}
+			return r, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return LeaseResult{}, fmt.Errorf("dedupe: lease: %w", err)
+		}
+
+		// The row exists and was not ours to take. Find out why.
+		var (
+			status        string
+			fp, result    []byte
+			leaseUntil    *time.Time
+			databaseClock time.Time
+		)
+		err = db.QueryRow(ctx, sqlLeaseInspect, consumer, key).Scan(&status, &fp, &result, &leaseUntil, &databaseClock)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // deleted in between (collected): claim it afresh
+		}
+		if err != nil {
+			return LeaseResult{}, fmt.Errorf("dedupe: lease: %w", err)
+		}
+		switch {
+		case !bytes.Equal(fp, fingerprint):
+			return LeaseResult{Outcome: LeaseMismatch}, nil
+		case Status(status) == StatusDone:
+			return LeaseResult{Outcome: LeaseDone, Result: result}, nil
+		case Status(status) != StatusLeased:
+			return LeaseResult{}, fmt.Errorf("dedupe: lease %q: unknown inbox status %q", key, status)
+		case leaseUntil != nil && leaseUntil.After(databaseClock):
+			return LeaseResult{Outcome: LeaseBusy, Until: *leaseUntil, RetryIn: leaseUntil.Sub(databaseClock)}, nil
+		}
+		// Expired between the two statements: go round and take it over.
+	}
+	return LeaseResult{}, fmt.Errorf("dedupe: lease %q: the row kept changing under %d attempts", key, leaseTries)
+}
+
+// ExtendLease pushes the holder's lease to now()+leaseFor and returns the new end.
+// A long effect calls it periodically (well within leaseFor) so that no other
+// worker mistakes it for dead. ErrLeaseLost means another worker took over.
+func ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor time.Duration) (time.Time, error) {
+	var until time.Time
+	err := db.QueryRow(ctx, sqlLeaseExtend, h.Consumer, h.Key, h.Token, leaseFor).Scan(&until)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, ErrLeaseLost
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("dedupe: extend lease: %w", err)
+	}
+	return until, nil
+}
+
+// RecordStep records a recovery point: the last step of a multi-step effect that
+// completed, and whatever state the next steps need (the id the provider gave the
+// authorization, say). An attempt that takes over after a crash or a failure
+// starts from there instead of from the beginning.
+func RecordStep(ctx context.Context, db Querier, h Holder, step string, state []byte) error {
+	return holderOnly(ctx, db, "record step", sqlLeaseStep, h, step, state)
+}
+
+// CompleteLease marks the key done with result and clears the lease. Only the
+// holder can complete: ErrLeaseLost means the lease expired and another worker
+// took over (and will perform the effect again, with the same key).
+func CompleteLease(ctx context.Context, db Querier, h Holder, result []byte) error {
+	return holderOnly(ctx, db, "complete lease", sqlLeaseComplete, h, result)
+}
+
+// ReleaseLease ends the holder's lease at once, keeping the recovery point, so that
+// the retry of a failed effect need not wait for the lease to expire.
+func ReleaseLease(ctx context.Context, db Querier, h Holder) error {
+	return holderOnly(ctx, db, "release lease", sqlLeaseRelease, h)
+}
+
+func holderOnly(ctx context.Context, db Querier, what, sql string, h Holder, args ...any) error {
+	tag, err := db.Exec(ctx, sql, append([]any{h.Consumer, h.Key, h.Token}, args...)...)
+	if err != nil {
+		return fmt.Errorf("dedupe: %s: %w", what, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("dedupe: %s: %w", what, ErrLeaseLost)
+	}
+	return nil
+}
