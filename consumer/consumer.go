@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
@@ -64,6 +66,9 @@ type Config struct {
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes one span per delivery, continuing the producer's trace
+	// from the traceparent header (default: no tracing).
+	TracerProvider trace.TracerProvider
 	// OnOutcome, when set, counts outcomes (for metrics).
 	OnOutcome func(consumer, outcome string, n int)
 	// BeforeCommit, when set, runs after the handlers' effects and before COMMIT.
@@ -121,6 +126,9 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
 	if c.BatchHandler == nil {
 		c.BatchHandler = singleAsBatch{c.Handler}
 	}
@@ -153,10 +161,11 @@ func (c Config) RedeliveryHorizon() time.Duration {
 // the keys in idem_inbox, runs the handlers of the new keys, stores their results and
 // commits; only then are the messages acked.
 type Consumer struct {
-	pool *pgxpool.Pool
-	js   jetstream.JetStream
-	cfg  Config
-	log  *slog.Logger
+	pool   *pgxpool.Pool
+	js     jetstream.JetStream
+	cfg    Config
+	log    *slog.Logger
+	tracer trace.Tracer
 }
 
 // New returns a consumer. It does not touch the broker until Run.
@@ -167,7 +176,8 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, err
 	cfg = cfg.withDefaults()
 	return &Consumer{
 		pool: pool, js: js, cfg: cfg,
-		log: cfg.Logger.With("consumer", cfg.Name, "subject", cfg.Subject),
+		log:    cfg.Logger.With("consumer", cfg.Name, "subject", cfg.Subject),
+		tracer: cfg.TracerProvider.Tracer("github.com/idemkit/idem/consumer"),
 	}, nil
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 )
@@ -22,6 +23,18 @@ type Delivery struct {
 
 	fingerprint []byte
 	raw         jetstream.Msg
+	ctx         context.Context // carries the producer's trace and this delivery's span
+	span        trace.Span
+}
+
+// Context returns a context carrying this delivery's tracing span, a child of the
+// producer's trace when the message carried a traceparent header. Handlers of a
+// batch use it to attribute their own spans to the right intent.
+func (d *Delivery) Context() context.Context {
+	if d.ctx == nil {
+		return context.Background()
+	}
+	return d.ctx
 }
 
 // Handler runs the effect of one message inside the inbox transaction. Everything it

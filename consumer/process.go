@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
@@ -20,6 +23,8 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 	var ds []*Delivery
 	for _, m := range msgs {
 		d, reason := decode(m)
+		c.startSpan(ctx, d)
+		defer d.span.End()
 		if reason != "" {
 			c.deadLetter(ctx, d, reason)
 			continue
@@ -309,6 +314,19 @@ func indexOf(ds []*Delivery, d *Delivery) int {
 		}
 	}
 	return -1
+}
+
+// startSpan opens the delivery's span as a child of the trace the producer put in
+// the headers (traceparent), if any.
+func (c *Consumer) startSpan(ctx context.Context, d *Delivery) {
+	parent := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(d.Headers))
+	d.ctx, d.span = c.tracer.Start(parent, "idem.consume "+d.Subject,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("idem.consumer", c.cfg.Name),
+			attribute.String("idem.key", d.Key),
+			attribute.Int("idem.deliveries", d.Deliveries),
+		))
 }
 
 // decode turns a JetStream message into a Delivery, or says why it is poison.

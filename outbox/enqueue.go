@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 )
@@ -37,10 +40,7 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []idem.Message) error {
 		if err := validate(m); err != nil {
 			return fmt.Errorf("outbox: enqueue message %d: %w", i, err)
 		}
-		h := m.Headers
-		if h == nil {
-			h = map[string]string{}
-		}
+		h := withTraceContext(ctx, m.Headers)
 		hj, err := json.Marshal(h)
 		if err != nil {
 			return fmt.Errorf("outbox: enqueue: encode headers: %w", err)
@@ -60,6 +60,20 @@ func EnqueueBatch(ctx context.Context, tx pgx.Tx, msgs []idem.Message) error {
 		return fmt.Errorf("outbox: enqueue: notify: %w", err)
 	}
 	return nil
+}
+
+// withTraceContext adds the caller's W3C trace context (traceparent, tracestate) to
+// the message headers, so the consumer's span continues the producer's trace. The
+// caller's map is not modified.
+func withTraceContext(ctx context.Context, headers map[string]string) map[string]string {
+	h := make(map[string]string, len(headers)+2)
+	maps.Copy(h, headers)
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		if _, set := h["traceparent"]; !set {
+			propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
+		}
+	}
+	return h
 }
 
 func validate(m idem.Message) error {

@@ -50,6 +50,7 @@
 //		middleware.Retry{
 //			MaxRetries:      3,
 //			InitialInterval: 100 * time.Millisecond,
+//			Multiplier:      2,
 //			ShouldRetry:     func(p middleware.RetryParams) bool { return !idemwatermill.IsPermanent(p.Err) },
 //		}.Middleware,
 //		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "ledger"}), // innermost

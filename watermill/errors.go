@@ -18,7 +18,7 @@ var (
 	// ErrFingerprintMismatch: the message's key was first claimed with a different
 	// payload. It is a producer bug and is rejected, never merged. It wraps
 	// idem.ErrFingerprintMismatch, and errors carrying it are permanent.
-	ErrFingerprintMismatch = fmt.Errorf("idemwatermill: %w", idem.ErrFingerprintMismatch)
+	ErrFingerprintMismatch = fmt.Errorf("idemwatermill: rejected: %w", idem.ErrFingerprintMismatch)
 )
 
 // permanentError marks an error as permanent without changing its text.

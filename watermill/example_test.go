@@ -32,8 +32,9 @@ func Example() {
 	defer pool.Close()
 
 	// Any Watermill pub/sub works (Kafka, AMQP, NATS...); gochannel keeps the example
-	// self-contained.
-	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	// self-contained. Persistent keeps poison messages although nobody subscribes
+	// to the poison topic here; a real broker keeps them durably.
+	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true, BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	if err != nil {
 		log.Fatal(err)
@@ -51,6 +52,7 @@ func Example() {
 		middleware.Retry{
 			MaxRetries:      3,
 			InitialInterval: 100 * time.Millisecond,
+			Multiplier:      2,
 			ShouldRetry:     func(p middleware.RetryParams) bool { return !idemwatermill.IsPermanent(p.Err) },
 		}.Middleware,
 		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "ledger"}),
@@ -92,7 +94,7 @@ func Example() {
 	// The producer mints the key once, when the user acts, and re-sends with it.
 	pay := message.NewMessage(watermill.NewUUID(), []byte(`{"account":"acct_1","amount_cents":1250}`))
 	pay.Metadata.Set(idem.HeaderKey, idem.NewKey().String())
-	if err := pubSub.Publish("payments", pay); err != nil {
+	if err := pubSub.Publish("payments", pay); err != nil { // returns once acked
 		log.Fatal(err)
 	}
 	_ = router.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,9 @@ const topic = "payments"
 
 // deadline bounds every wait on a condition; a test that hits it has hung.
 const deadline = 30 * time.Second
+
+// quiet is the middleware's logger in tests: rejections are asserted, not logged.
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // newPubSub returns an in-process pub/sub whose Publish returns only once the
 // subscriber acked the message, after every nack-and-resend. A test that publishes

@@ -160,7 +160,7 @@ func (in *inbox) duplicate(ctx context.Context, log *slog.Logger, tx pgx.Tx, key
 		return fmt.Errorf("idemwatermill: key %q vanished between claim and look-up; will be redelivered", key)
 	case !rec.Matches(fingerprint):
 		log.Warn("message rejected: key reused with a different payload")
-		return Permanent(fmt.Errorf("idemwatermill: consumer %q, key %q: %w", in.cfg.Consumer, key, ErrFingerprintMismatch))
+		return Permanent(fmt.Errorf("%w (consumer %q, key %q)", ErrFingerprintMismatch, in.cfg.Consumer, key))
 	}
 	log.Debug("duplicate folded", "first_seen", rec.CreatedAt)
 	return nil

@@ -20,7 +20,7 @@ import (
 // newMiddleware returns the middleware under test with consumer "ledger".
 func newMiddleware(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
 	t.Helper()
-	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: "ledger"})
+	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: "ledger", Logger: quiet()})
 	if err != nil {
 		t.Fatalf("new middleware: %v", err)
 	}
@@ -251,12 +251,12 @@ func TestConcurrentDeliveriesProduceOneEffect(t *testing.T) {
 
 	h := &flaky{next: func(msg *message.Message) error {
 		// Hold the claim until every other delivery is blocked on it, so the test
-		// exercises the concurrent path and not a sequential one.
-		tx, _ := idemwatermill.TxFromContext(msg.Context())
+		// exercises the concurrent path and not a sequential one. (Asked through the
+		// pool: inside a transaction pg_stat_activity is a frozen snapshot.)
 		stop := time.Now().Add(deadline)
 		for {
 			var waiting int
-			err := tx.QueryRow(msg.Context(), `SELECT count(*) FROM pg_stat_activity
+			err := db.Pool.QueryRow(msg.Context(), `SELECT count(*) FROM pg_stat_activity
 				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting)
 			if err != nil {
 				return err
@@ -361,7 +361,7 @@ func TestKeyLifetime(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	for consumer, want := range map[string]time.Duration{"default": 0, "short": time.Hour} {
-		mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumer, KeyLifetime: want})
+		mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumer, KeyLifetime: want, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}

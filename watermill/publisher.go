@@ -39,6 +39,8 @@ type OutboxPublisher struct {
 	closed bool
 }
 
+var _ message.Publisher = (*OutboxPublisher)(nil)
+
 // NewOutboxPublisher returns a publisher writing into the outbox inside tx. In a
 // handler run by Middleware, pass the transaction from TxFromContext.
 func NewOutboxPublisher(tx pgx.Tx) *OutboxPublisher {

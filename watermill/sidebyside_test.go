@@ -56,7 +56,7 @@ func adapter() contender {
 	return contender{
 		name: "idemwatermill.Middleware",
 		middleware: func(db *pgtest.DB) message.HandlerMiddleware {
-			return idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: "ledger"})
+			return idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: "ledger", Logger: quiet()})
 		},
 		effect: func(*pgtest.DB) message.NoPublishHandlerFunc { return ledgerInTx },
 	}

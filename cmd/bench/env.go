@@ -38,7 +38,12 @@ type EnvConfig struct {
 	Scenario string
 	// CPUProfile, when set, profiles every timed phase (see Meter).
 	CPUProfile string
-	Log        *slog.Logger
+	// PlanCacheMode, when set, is Postgres's plan_cache_mode for every connection
+	// (an experiment knob: force_custom_plan shows what generic plans cost).
+	PlanCacheMode string
+	// TraceSQL prints, after every timed phase, the client-side time per statement.
+	TraceSQL bool
+	Log      *slog.Logger
 }
 
 // Env is a fresh database and a fresh embedded JetStream server with stream IDEM.
@@ -51,6 +56,7 @@ type Env struct {
 	JS       jetstream.JetStream
 	Stream   jetstream.Stream
 	storeDir string
+	tracer   *sqlTracer
 }
 
 // NewEnv creates the database (migrated) and starts the broker. Close undoes both.
@@ -85,6 +91,13 @@ func NewEnv(ctx context.Context, cfg EnvConfig) (env *Env, err error) {
 		return env, fmt.Errorf("env: pool config: %w", err)
 	}
 	pcfg.MaxConns = cfg.MaxConns
+	if cfg.PlanCacheMode != "" {
+		pcfg.ConnConfig.RuntimeParams["plan_cache_mode"] = cfg.PlanCacheMode
+	}
+	if cfg.TraceSQL {
+		env.tracer = newSQLTracer()
+		pcfg.ConnConfig.Tracer = env.tracer
+	}
 	env.Pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return env, fmt.Errorf("env: open pool: %w", err)
@@ -196,6 +209,9 @@ func (e *Env) StartMeter(ctx context.Context) (*Meter, error) {
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &m.ru); err != nil {
 		return nil, fmt.Errorf("meter: getrusage: %w", err)
 	}
+	if e.tracer != nil {
+		e.tracer.Reset()
+	}
 	m.start = time.Now()
 	return m, nil
 }
@@ -209,6 +225,9 @@ func (m *Meter) Stop(ctx context.Context) (Measurement, error) {
 		return out, fmt.Errorf("meter: getrusage: %w", err)
 	}
 	m.stopProfile()
+	if m.env.tracer != nil {
+		m.env.tracer.Print(os.Stderr, m.env.cfg.Scenario, out.Elapsed)
+	}
 	out.ProcCPU = tv(ru.Utime) + tv(ru.Stime) - tv(m.ru.Utime) - tv(m.ru.Stime)
 	pg, err := m.env.backendCPU(ctx)
 	if err != nil {

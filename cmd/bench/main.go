@@ -60,6 +60,8 @@ type Options struct {
 	InProcess    bool
 	Timeout      time.Duration
 	Verbose      bool
+	TraceSQL     bool
+	PlanCache    string
 	Workers      int     // baseline consumers' goroutines (and connections)
 	BatchSize    int     // idem consumer batch size
 	Concurrency  int     // idem consumer batches in flight
@@ -87,6 +89,8 @@ func parseFlags(args []string) (Options, error) {
 	fs.BoolVar(&o.SyncAlways, "sync-always", false, "run the embedded JetStream server with SyncAlways (fsync every write)")
 	fs.BoolVar(&o.InProcess, "inprocess", false, "run every scenario in this process instead of one child process each (peak RSS is then cumulative)")
 	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "give up on a scenario's timed phase after this long")
+	fs.BoolVar(&o.TraceSQL, "trace-sql", false, "print the client-side time spent in each SQL statement during every timed phase")
+	fs.StringVar(&o.PlanCache, "pg-plan-cache-mode", "", "set Postgres plan_cache_mode on every connection (auto, force_custom_plan, force_generic_plan); empty: server default")
 	fs.BoolVar(&o.Verbose, "v", false, "log the components' warnings (abandoned batches and the like) to stderr")
 	fs.IntVar(&o.Workers, "workers", 16, "baseline consumers: goroutines each handling one message at a time, each with its own connection")
 	fs.IntVar(&o.BatchSize, "batch", 100, "idem consumer: messages per transaction (consumer.Config.BatchSize)")

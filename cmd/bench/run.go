@@ -138,13 +138,15 @@ func runChild(ctx context.Context, opts Options, log *slog.Logger) error {
 func runScenario(ctx context.Context, opts Options, name string, log *slog.Logger) ([]Result, error) {
 	newEnv := func(ctx context.Context, label string) (*Env, error) {
 		return NewEnv(ctx, EnvConfig{
-			AdminURL:   opts.DatabaseURL,
-			MaxConns:   int32(max(opts.Workers, opts.Producers+opts.Concurrency+4) + 4),
-			SyncAlways: opts.SyncAlways,
-			Keep:       opts.Keep,
-			Scenario:   label,
-			CPUProfile: opts.CPUProfile,
-			Log:        log,
+			AdminURL:      opts.DatabaseURL,
+			MaxConns:      int32(max(opts.Workers, opts.Producers+opts.Concurrency+4) + 4),
+			SyncAlways:    opts.SyncAlways,
+			Keep:          opts.Keep,
+			Scenario:      label,
+			CPUProfile:    opts.CPUProfile,
+			TraceSQL:      opts.TraceSQL,
+			PlanCacheMode: opts.PlanCache,
+			Log:           log,
 		})
 	}
 	baseline := BaselineConfig{N: opts.N, Workers: opts.Workers, Timeout: opts.Timeout, Log: log}

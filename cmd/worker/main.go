@@ -31,6 +31,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
@@ -53,6 +55,7 @@ type options struct {
 	logLevel        string
 	shutdownTimeout time.Duration
 	roles           string
+	trace           string
 }
 
 func env(name, def string) string {
@@ -74,6 +77,7 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.logFormat, "log-format", env("IDEM_LOG_FORMAT", "text"), "log format: text or json")
 	fs.StringVar(&o.logLevel, "log-level", env("IDEM_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight work may take to finish after SIGTERM")
+	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: empty for none (trace context is still propagated), or stderr")
 	fs.StringVar(&o.roles, "roles", env("IDEM_ROLES", "all"), "components to run: all, or a comma list of ingress,relay,consumers")
 	return fs, o
 }
@@ -173,6 +177,19 @@ func runService(args []string, stderr io.Writer) error {
 	}
 	if err := applyRoles(&cfg, o.roles); err != nil {
 		return err
+	}
+	switch o.trace {
+	case "":
+	case "stderr":
+		exp, err := stdouttrace.New(stdouttrace.WithWriter(stderr))
+		if err != nil {
+			return fmt.Errorf("--trace: %w", err)
+		}
+		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
+		defer tp.Shutdown(context.Background()) //nolint:errcheck
+		cfg.TracerProvider = tp
+	default:
+		return fmt.Errorf("--trace must be empty or stderr, not %q", o.trace)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

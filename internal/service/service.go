@@ -19,6 +19,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
@@ -26,6 +29,7 @@ import (
 	"github.com/idemkit/idem/internal/demo"
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/metrics"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -73,6 +77,10 @@ type Config struct {
 	// DisableCollector turns retention off (several workers need only one).
 	DisableCollector bool
 
+	// TracerProvider records spans for the ingress and the consumers (default: no
+	// tracing; trace context is still carried through the outbox headers).
+	TracerProvider trace.TracerProvider
+
 	// Faults arms deterministic fault points (nil: none).
 	Faults *faults.Set
 	// Logger defaults to slog.Default().
@@ -98,6 +106,9 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
 	if c.ClientResendHorizon == 0 {
 		c.ClientResendHorizon = 24 * time.Hour
 	}
@@ -106,17 +117,19 @@ func (c Config) withDefaults() Config {
 
 // Service is a running worker.
 type Service struct {
-	cfg    Config
-	log    *slog.Logger
-	Pool   *pgxpool.Pool
-	NC     *nats.Conn
-	JS     jetstream.JetStream
-	nats   *embeddednats.Server // nil with an external server
-	http   *http.Server
-	ln     net.Listener
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	errs   chan error
+	cfg  Config
+	log  *slog.Logger
+	Pool *pgxpool.Pool
+	NC   *nats.Conn
+	JS   jetstream.JetStream
+	nats *embeddednats.Server // nil with an external server
+	// Metrics is the worker's Prometheus registry, served on /metrics.
+	Metrics *metrics.Metrics
+	http    *http.Server
+	ln      net.Listener
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	errs    chan error
 }
 
 // Start connects, migrates and starts every enabled component. Stop it with
@@ -134,6 +147,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 	if err := s.connect(ctx); err != nil {
 		return nil, err
 	}
+	s.Metrics = metrics.New(s.Pool, s.log)
 	stream, err := outbox.EnsureStream(ctx, s.JS, cfg.Stream)
 	if err != nil {
 		return nil, err
@@ -162,6 +176,7 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 		if cc.Logger == nil {
 			cc.Logger = s.log
 		}
+		cc.OnDeleted = chain2(cc.OnDeleted, s.Metrics.CollectorDeleted)
 		col := dedupe.NewCollector(s.Pool, cc)
 		s.run("collector", func() error { return col.Run(runCtx) })
 	}
@@ -272,6 +287,12 @@ func (s *Service) chargeConfig() consumer.Config {
 	if cc.Logger == nil {
 		cc.Logger = s.log
 	}
+	if cc.TracerProvider == nil {
+		cc.TracerProvider = s.cfg.TracerProvider
+	}
+	if s.Metrics != nil {
+		cc.OnOutcome = chain3(cc.OnOutcome, s.Metrics.ConsumerOutcome)
+	}
 	return cc
 }
 
@@ -314,6 +335,7 @@ func (s *Service) startRelay(ctx context.Context) error {
 	if rc.Logger == nil {
 		rc.Logger = s.log
 	}
+	rc.OnBatch = chain3(rc.OnBatch, s.Metrics.RelayBatch)
 	if s.cfg.Faults.Armed(faults.RelayAfterPublish) {
 		prev := rc.AfterPublish
 		rc.AfterPublish = func(ctx context.Context, ids []int64) error {
@@ -338,16 +360,22 @@ func (s *Service) startHTTP() error {
 		w.Write([]byte("ok\n")) //nolint:errcheck
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", s.Metrics.Handler())
 	if !s.cfg.DisableIngress {
 		icfg := s.cfg.Ingress
 		if icfg.Logger == nil {
 			icfg.Logger = s.log
 		}
+		if prev := icfg.OnOutcome; prev != nil {
+			icfg.OnOutcome = func(o string) { prev(o); s.Metrics.IngressOutcome(o) }
+		} else {
+			icfg.OnOutcome = s.Metrics.IngressOutcome
+		}
 		ingress, err := demo.NewIngress(s.Pool, icfg)
 		if err != nil {
 			return err
 		}
-		mux.Handle("/v1/", ingress)
+		mux.Handle("/v1/", traced(s.cfg.TracerProvider, ingress))
 	}
 	ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {
@@ -441,6 +469,33 @@ func (s *Service) closeConns() {
 	if s.Pool != nil {
 		s.Pool.Close()
 	}
+}
+
+// traced continues the caller's trace (traceparent) in a server span, so the outbox
+// rows written by the handler carry it on to the consumers.
+func traced(tp trace.TracerProvider, next http.Handler) http.Handler {
+	tracer := tp.Tracer("github.com/idemkit/idem/ingress")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// chain2 and chain3 call an optional user callback and then the worker's own.
+func chain2[A, B any](user, own func(A, B)) func(A, B) {
+	if user == nil {
+		return own
+	}
+	return func(a A, b B) { user(a, b); own(a, b) }
+}
+
+func chain3[A, B, C any](user, own func(A, B, C)) func(A, B, C) {
+	if user == nil {
+		return own
+	}
+	return func(a A, b B, c C) { user(a, b, c); own(a, b, c) }
 }
 
 // redact hides a password in a database URL for messages.

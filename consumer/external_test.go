@@ -1,0 +1,415 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+// The external tests reuse setup, bundle and outcomes from consumer_test.go, and use
+// the email subject: any subject of the stream would do.
+const extName = "external"
+
+// extConfig is an External with test-friendly timings: short leases and ack waits,
+// quick retries.
+func (b *bundle) extConfig(h consumer.ExternalHandler) consumer.ExternalConfig {
+	return consumer.ExternalConfig{
+		Name:      extName,
+		Subject:   idem.SubjectEmail,
+		Handler:   h,
+		LeaseFor:  500 * time.Millisecond,
+		AckWait:   500 * time.Millisecond,
+		Backoff:   func(int) time.Duration { return 50 * time.Millisecond },
+		OnOutcome: b.out.add,
+	}
+}
+
+// startExternal runs an External until the returned stop is called (or the test
+// ends).
+func (b *bundle) startExternal(t *testing.T, cfg consumer.ExternalConfig) (stop func()) {
+	t.Helper()
+	x, err := consumer.NewExternal(b.env.DB.Pool, b.env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- x.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("External.Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// effectLog records every call of a fake external effect.
+type effectLog struct {
+	mu    sync.Mutex
+	calls []effectCall
+}
+
+type effectCall struct {
+	key, downstreamKey string
+	attempt            int
+	step               string
+}
+
+func (l *effectLog) record(e *consumer.Effect) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, effectCall{key: e.Key, downstreamKey: e.KeyFor("send"), attempt: e.Attempt, step: e.Step})
+}
+
+func (l *effectLog) count(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.calls {
+		if c.key == key {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *effectLog) of(key string) []effectCall {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []effectCall
+	for _, c := range l.calls {
+		if c.key == key {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func inboxRow(t *testing.T, b *bundle, key string) (status string, result []byte, attempts int) {
+	t.Helper()
+	err := b.env.DB.Pool.QueryRow(context.Background(),
+		`SELECT status, result, lease_attempts FROM idem_inbox WHERE consumer = $1 AND key = $2`, extName, key).
+		Scan(&status, &result, &attempts)
+	if err != nil {
+		t.Fatalf("inbox row %q: %v", key, err)
+	}
+	return status, result, attempts
+}
+
+func TestExternalConfigValidate(t *testing.T) {
+	t.Parallel()
+	h := consumer.ExternalHandlerFunc(func(context.Context, *consumer.Effect) ([]byte, error) { return nil, nil })
+	cases := []struct {
+		name string
+		cfg  consumer.ExternalConfig
+		ok   bool
+	}{
+		{"minimal", consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h}, true},
+		{"no name", consumer.ExternalConfig{Subject: "idem.x", Handler: h}, false},
+		{"no subject", consumer.ExternalConfig{Name: "n", Handler: h}, false},
+		{"no handler", consumer.ExternalConfig{Name: "n", Subject: "idem.x"}, false},
+		{"negative lease", consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h, LeaseFor: -time.Second}, false},
+		{"negative concurrency", consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h, Concurrency: -1}, false},
+	}
+	for _, tc := range cases {
+		_, err := consumer.NewExternal(nil, nil, tc.cfg)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: err = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+	}
+	x, err := consumer.NewExternal(nil, nil, cases[0].cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := x.Config(); c.LeaseFor <= 0 || c.AckWait <= 0 || c.MaxDeliver <= 0 || c.Concurrency != 1 {
+		t.Errorf("defaults not filled in: %+v", c)
+	}
+	// A crashed worker's message is retried only once its lease ends, so the
+	// horizon counts the longer of the lease and the ack wait.
+	long := consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h, LeaseFor: time.Hour, AckWait: time.Second, MaxDeliver: 2,
+		Backoff: func(int) time.Duration { return time.Minute }}
+	if got, want := long.RedeliveryHorizon(), 2*(time.Hour+time.Minute); got != want {
+		t.Errorf("RedeliveryHorizon = %s, want %s", got, want)
+	}
+}
+
+// The effect runs once per key; its result is stored; copies of the message with
+// other Nats-Msg-Ids, before and after completion, are acked without an effect.
+func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
+	b := setup(t)
+	var log effectLog
+	h := consumer.ExternalHandlerFunc(func(_ context.Context, e *consumer.Effect) ([]byte, error) {
+		log.record(e)
+		return fmt.Appendf(nil, `{"sent_to":%q}`, string(e.Payload)), nil
+	})
+	for i := range 3 {
+		b.env.Publish(t, idem.SubjectEmail, "k-once", fmt.Sprintf("copy-%d", i), []byte("a@example.com"))
+	}
+	b.env.Publish(t, idem.SubjectEmail, "k-other", "other", []byte("b@example.com"))
+	b.startExternal(t, b.extConfig(h))
+
+	testenv.Eventually(t, 10*time.Second, "4 deliveries settled", func() bool {
+		return b.out.get(consumer.OutcomeProcessed)+b.out.get(consumer.OutcomeDuplicate) == 4
+	})
+	if n := log.count("k-once"); n != 1 {
+		t.Fatalf("effects for k-once = %d, want 1", n)
+	}
+	if n := log.count("k-other"); n != 1 {
+		t.Fatalf("effects for k-other = %d, want 1", n)
+	}
+	status, result, attempts := inboxRow(t, b, "k-once")
+	if status != "done" || string(result) != `{"sent_to":"a@example.com"}` || attempts != 1 {
+		t.Fatalf("inbox row = %s %q attempts %d, want done with the first result after 1 attempt", status, result, attempts)
+	}
+
+	// A late copy (a relay re-publish, a dead-letter replay) is a duplicate too.
+	b.env.Publish(t, idem.SubjectEmail, "k-once", "late-copy", []byte("a@example.com"))
+	testenv.Eventually(t, 10*time.Second, "the late copy folded", func() bool {
+		return b.out.get(consumer.OutcomeDuplicate) == 3
+	})
+	if n := log.count("k-once"); n != 1 {
+		t.Fatalf("effects for k-once after a late copy = %d, want 1", n)
+	}
+}
+
+// A long effect keeps its lease and its message: the lease is extended and
+// JetStream gets in-progress heartbeats well past LeaseFor and AckWait, and a copy
+// of the message that arrives meanwhile backs off instead of running a second
+// effect. When the first finishes, the copy is folded.
+func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
+	b := setup(t)
+	var log effectLog
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h := consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
+		log.record(e)
+		once.Do(func() { close(started) })
+		select { // the effect is "still sending"
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []byte(`"sent"`), nil
+	})
+	cfg := b.extConfig(h)
+	cfg.LeaseFor, cfg.AckWait = 300*time.Millisecond, 300*time.Millisecond
+	cfg.Concurrency = 2 // a free slot for the copy, so only the lease can hold it back
+	b.startExternal(t, cfg)
+
+	b.env.Publish(t, idem.SubjectEmail, "k-slow", "first", []byte("x"))
+	<-started
+	// Wait until the lease has been extended to well past four LeaseFors after the
+	// claim: only extensions can get it there.
+	testenv.Eventually(t, 10*time.Second, "the lease to be extended repeatedly", func() bool {
+		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-slow' AND status = 'leased'
+			AND lease_until > created_at + interval '1200 milliseconds'`) == 1
+	})
+	if n := b.out.get(consumer.OutcomeBusy); n != 0 {
+		t.Fatalf("the holder's own message came back %d times while it was being performed: heartbeats missing", n)
+	}
+
+	b.env.Publish(t, idem.SubjectEmail, "k-slow", "copy", []byte("x"))
+	testenv.Eventually(t, 10*time.Second, "the copy to back off twice", func() bool {
+		return b.out.get(consumer.OutcomeBusy) >= 2
+	})
+	if n := log.count("k-slow"); n != 1 {
+		t.Fatalf("effects while the first was still sending = %d, want 1", n)
+	}
+
+	close(release)
+	testenv.Eventually(t, 10*time.Second, "first processed and copy folded", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 1 && b.out.get(consumer.OutcomeDuplicate) == 1
+	})
+	if n := log.count("k-slow"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+}
+
+// The worker dies after the effect reached the downstream and before CompleteLease:
+// its lease expires, the message comes back to another worker, which takes the
+// lease over and performs the effect again with the same downstream key. A
+// downstream that honours the key folds it; one that does not sees it twice, never
+// zero times.
+func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
+	b := setup(t)
+	var log effectLog
+	h := consumer.ExternalHandlerFunc(func(_ context.Context, e *consumer.Effect) ([]byte, error) {
+		log.record(e)
+		return fmt.Appendf(nil, `{"attempt":%d}`, e.Attempt), nil
+	})
+	var died atomic.Bool
+	cfg := b.extConfig(h)
+	cfg.LeaseFor, cfg.AckWait = 800*time.Millisecond, 300*time.Millisecond
+	cfg.AfterPerform = func(context.Context, *consumer.Delivery, error) error {
+		died.Store(true)
+		return errors.New("fault: worker died after the effect, before completing")
+	}
+	stop := b.startExternal(t, cfg)
+	b.env.Publish(t, idem.SubjectEmail, "k-died", "k-died", []byte("x"))
+	testenv.Eventually(t, 10*time.Second, "the first worker to perform and die", died.Load)
+	stop()
+	if status, _, _ := inboxRow(t, b, "k-died"); status != "leased" {
+		t.Fatalf("after the crash the key is %q, want leased (performed, not completed)", status)
+	}
+
+	cfg.AfterPerform = nil
+	b.startExternal(t, cfg) // the next worker, same durable consumer
+	testenv.Eventually(t, 15*time.Second, "the takeover to complete", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 1
+	})
+	calls := log.of("k-died")
+	if len(calls) != 2 {
+		t.Fatalf("effects = %d, want 2 (the dead worker's and the takeover)", len(calls))
+	}
+	if calls[0].downstreamKey != calls[1].downstreamKey || calls[0].attempt != 1 || calls[1].attempt != 2 {
+		t.Fatalf("attempts %+v: want attempts 1 and 2 presenting the same downstream key", calls)
+	}
+	status, result, attempts := inboxRow(t, b, "k-died")
+	if status != "done" || string(result) != `{"attempt":2}` || attempts != 2 {
+		t.Fatalf("inbox row = %s %q attempts %d, want done with the takeover's result", status, result, attempts)
+	}
+	t.Logf("busy back-offs while the dead worker's lease ran out: %d", b.out.get(consumer.OutcomeBusy))
+
+	// Completed: a later copy is folded without a third effect.
+	b.env.Publish(t, idem.SubjectEmail, "k-died", "later", []byte("x"))
+	testenv.Eventually(t, 10*time.Second, "the later copy folded", func() bool {
+		return b.out.get(consumer.OutcomeDuplicate) == 1
+	})
+	if n := log.count("k-died"); n != 2 {
+		t.Fatalf("effects after completion = %d, want still 2", n)
+	}
+}
+
+// A failed attempt releases its lease (the retry does not wait for LeaseFor, which
+// here is a minute) and the retry resumes after the last checkpoint instead of
+// repeating the steps before it.
+func TestExternalFailureResumesFromCheckpoint(t *testing.T) {
+	b := setup(t)
+	var stepOne, stepTwo atomic.Int32
+	var log effectLog
+	h := consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
+		log.record(e)
+		if e.Step == "" {
+			stepOne.Add(1)
+			if err := e.Checkpoint(ctx, "one", []byte(`{"id":"s1"}`)); err != nil {
+				return nil, err
+			}
+		}
+		if e.Attempt == 1 {
+			return nil, errors.New("downstream timed out in step two")
+		}
+		if e.Step != "one" || string(e.StepState) != `{"id":"s1"}` {
+			return nil, consumer.Permanent(fmt.Errorf("resumed at %q with %q", e.Step, e.StepState))
+		}
+		stepTwo.Add(1)
+		return []byte(`"both steps"`), nil
+	})
+	cfg := b.extConfig(h)
+	cfg.LeaseFor = time.Minute
+	b.startExternal(t, cfg)
+	b.env.Publish(t, idem.SubjectEmail, "k-steps", "k-steps", []byte("x"))
+	testenv.Eventually(t, 10*time.Second, "the retry to complete", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 1
+	})
+	if stepOne.Load() != 1 || stepTwo.Load() != 1 {
+		t.Fatalf("step one ran %d times, step two %d; want 1 and 1", stepOne.Load(), stepTwo.Load())
+	}
+	if calls := log.of("k-steps"); len(calls) != 2 || calls[1].step != "one" {
+		t.Fatalf("attempts %+v: want 2, the second resuming after step one", calls)
+	}
+	if b.out.get(consumer.OutcomeFailed) != 1 {
+		t.Errorf("failed outcomes = %d, want 1", b.out.get(consumer.OutcomeFailed))
+	}
+}
+
+// Every kind of poison is dead-lettered with its reason while good messages keep
+// flowing: no key, a malformed key, a key reused with another payload, a Permanent
+// error, a handler that keeps failing, and a message whose workers keep dying.
+func TestExternalPoisonIsDeadLettered(t *testing.T) {
+	b := setup(t)
+	var log effectLog
+	h := consumer.ExternalHandlerFunc(func(_ context.Context, e *consumer.Effect) ([]byte, error) {
+		log.record(e)
+		var p struct{ Do string }
+		if err := json.Unmarshal(e.Payload, &p); err != nil {
+			return nil, consumer.Permanent(err)
+		}
+		switch p.Do {
+		case "perm":
+			return nil, consumer.Permanent(errors.New("recipient rejected"))
+		case "flaky":
+			return nil, errors.New("downstream unavailable")
+		}
+		return []byte(`"ok"`), nil
+	})
+	cfg := b.extConfig(h)
+	cfg.MaxDeliver = 3
+	cfg.LeaseFor, cfg.AckWait = 300*time.Millisecond, 300*time.Millisecond
+	cfg.AfterPerform = func(_ context.Context, d *consumer.Delivery, _ error) error {
+		if strings.Contains(string(d.Payload), "die") {
+			return errors.New("fault: the worker dies on this one, every time")
+		}
+		return nil
+	}
+
+	good := []byte(`{"do":"ok"}`)
+	cases := []struct {
+		name, key string
+		payload   []byte
+		reason    string
+	}{
+		{"no key", "", good, "missing Idempotency-Key"},
+		{"malformed key", strings.Repeat("k", 300), good, "malformed Idempotency-Key"},
+		{"fingerprint mismatch", "k-good-0", []byte(`{"do":"ok","to":"someone else"}`), "fingerprint mismatch"},
+		{"permanent error", "k-perm", []byte(`{"do":"perm"}`), "permanent handler error: permanent: recipient rejected"},
+		{"keeps failing", "k-flaky", []byte(`{"do":"flaky"}`), "max deliveries exceeded: failed 3 deliveries"},
+		{"worker keeps dying", "k-die", []byte(`{"do":"die"}`), "max deliveries exceeded: attempted 3 times"},
+	}
+	b.env.Publish(t, idem.SubjectEmail, "k-good-0", "good-0", good)
+	for i, tc := range cases {
+		b.env.Publish(t, idem.SubjectEmail, tc.key, "poison-"+tc.name, tc.payload)
+		b.env.Publish(t, idem.SubjectEmail, fmt.Sprintf("k-good-%d", i+1), "good-"+tc.name, good)
+	}
+	b.startExternal(t, cfg)
+
+	testenv.Eventually(t, 20*time.Second, "all poison dead-lettered and all good processed", func() bool {
+		return b.out.get(consumer.OutcomeDeadLettered) == len(cases) &&
+			b.out.get(consumer.OutcomeProcessed) == len(cases)+1
+	})
+	for _, tc := range cases {
+		n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = $1 AND key = $2 AND reason LIKE $3 || '%'`, extName, tc.key, tc.reason)
+		if n != 1 {
+			t.Errorf("%s: %d dead letters with reason %q, want 1", tc.name, n, tc.reason)
+		}
+	}
+	if n := log.count("k-flaky"); n != 3 {
+		t.Errorf("attempts of the failing message = %d, want MaxDeliver (3)", n)
+	}
+	if n := log.count("k-die"); n != 3 {
+		t.Errorf("attempts of the message whose workers die = %d, want 3 (then the next delivery is dead-lettered unrun)", n)
+	}
+	// The mismatched copy did not touch the first: one effect, the first result.
+	if n := log.count("k-good-0"); n != 1 {
+		t.Errorf("effects for k-good-0 = %d, want 1", n)
+	}
+	// Keys that never completed are left leased, expired, with their recovery
+	// point, so a replay of the dead letter can run them.
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key IN ('k-perm','k-flaky','k-die') AND status = 'leased' AND lease_until <= now()`); n != 3 {
+		t.Errorf("released keys of dead letters = %d, want 3", n)
+	}
+}
