@@ -240,10 +240,10 @@ func (c ExternalConfig) RedeliveryHorizon() time.Duration {
 // # Poison
 //
 // A message without a key or with a malformed one, a key first seen with another
-// payload, a Permanent handler error, and a message whose deliveries that acquired
-// the lease exceed MaxDeliver are dead-lettered in idem_dead_letters with the
-// reason and terminated. A dead-lettered key that had started keeps its recovery
-// point, so a replay resumes it.
+// payload, a Permanent handler error, and a message that used up MaxDeliver
+// attempts (failing, or dying mid-effect) are dead-lettered in idem_dead_letters
+// with the reason and terminated. A dead-lettered key that had started keeps its
+// recovery point, so a replay resumes it.
 type External struct {
 	pool *pgxpool.Pool
 	js   jetstream.JetStream

@@ -377,7 +377,7 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 		{"malformed key", strings.Repeat("k", 300), good, "malformed Idempotency-Key"},
 		{"fingerprint mismatch", "k-good-0", []byte(`{"do":"ok","to":"someone else"}`), "fingerprint mismatch"},
 		{"permanent error", "k-perm", []byte(`{"do":"perm"}`), "permanent handler error: permanent: recipient rejected"},
-		{"keeps failing", "k-flaky", []byte(`{"do":"flaky"}`), "max deliveries exceeded: failed 3 deliveries"},
+		{"keeps failing", "k-flaky", []byte(`{"do":"flaky"}`), "max deliveries exceeded: failed 3 attempts"},
 		{"worker keeps dying", "k-die", []byte(`{"do":"die"}`), "max deliveries exceeded: attempted 3 times"},
 	}
 	b.env.Publish(t, idem.SubjectEmail, "k-good-0", "good-0", good)

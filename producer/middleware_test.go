@@ -37,12 +37,17 @@ type testApp struct {
 	calls   atomic.Int64 // executions, committed or not
 	entered chan struct{}
 	release chan struct{}
+	stop    chan struct{} // closed at cleanup, so a failed test never strands a handler
 	// failAfterRelease makes /block answer 500 once released, instead of 201.
 	failAfterRelease atomic.Bool
 }
 
-func newTestApp() *testApp {
-	return &testApp{entered: make(chan struct{}, 8), release: make(chan struct{})}
+func newTestApp(t *testing.T) *testApp {
+	a := &testApp{entered: make(chan struct{}, 8), release: make(chan struct{}), stop: make(chan struct{})}
+	// Registered after pgtest.New, so it runs before the pool is closed: a handler
+	// still holding a connection would block pool.Close.
+	t.Cleanup(func() { close(a.stop) })
+	return a
 }
 
 func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -92,7 +97,12 @@ func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	case "/block":
 		a.entered <- struct{}{}
-		<-a.release
+		select {
+		case <-a.release:
+		case <-a.stop:
+			http.Error(w, "test over", http.StatusServiceUnavailable)
+			return
+		}
 		if a.failAfterRelease.Load() {
 			http.Error(w, "failed while others waited", http.StatusInternalServerError)
 			return
@@ -311,7 +321,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 			var got outcomes
 			cfg := tc.cfg
 			cfg.OnOutcome = got.add
-			h := newMiddleware(t, db.Pool, cfg).Wrap(newTestApp())
+			h := newMiddleware(t, db.Pool, cfg).Wrap(newTestApp(t))
 
 			var answers []*httptest.ResponseRecorder
 			for i, s := range tc.steps {
@@ -363,6 +373,18 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 	}
 }
 
+// recv receives from ch, failing the test instead of hanging when nothing comes.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
 // waitFor polls cond until it holds; the test's deadline bounds it.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -390,14 +412,14 @@ func lockWaiters(t *testing.T, db *pgtest.DB) int {
 func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	app := newTestApp()
+	app := newTestApp(t)
 	var got outcomes
 	h := newMiddleware(t, db.Pool, producer.MiddlewareConfig{Wait: 50 * time.Millisecond, OnOutcome: got.add}).Wrap(app)
 
 	q := req{path: "/block", key: key("k1"), body: `{}`}
 	first := make(chan *httptest.ResponseRecorder, 1)
 	go func() { first <- q.send(h) }()
-	<-app.entered // the first has claimed the key and holds its transaction open
+	recv(t, app.entered, "the first to enter the handler") // it has claimed the key and holds its transaction open
 
 	w := q.send(h)
 	if w.Code != http.StatusConflict {
@@ -414,7 +436,7 @@ func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
 	}
 
 	close(app.release)
-	w1 := <-first
+	w1 := recv(t, first, "the first response")
 	if w1.Code != http.StatusCreated {
 		t.Fatalf("first: status %d; body %s", w1.Code, w1.Body)
 	}
@@ -438,14 +460,14 @@ func TestMiddlewareDuplicateWaitsThenReplays(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			db := pgtest.New(t)
-			app := newTestApp()
+			app := newTestApp(t)
 			app.failAfterRelease.Store(firstFails)
 			h := newMiddleware(t, db.Pool, producer.MiddlewareConfig{Wait: 20 * time.Second}).Wrap(app)
 
 			q := req{path: "/block", key: key("k1"), body: `{}`}
 			first := make(chan *httptest.ResponseRecorder, 1)
 			go func() { first <- q.send(h) }()
-			<-app.entered
+			recv(t, app.entered, "the first to enter the handler")
 
 			second := make(chan *httptest.ResponseRecorder, 1)
 			go func() { second <- q.send(h) }()
@@ -455,20 +477,20 @@ func TestMiddlewareDuplicateWaitsThenReplays(t *testing.T) {
 				// The duplicate executes in turn, so it will block in the handler too;
 				// let it through once the first is done.
 				app.release <- struct{}{}
-				w1 := <-first
+				w1 := recv(t, first, "the first response")
 				if w1.Code != http.StatusInternalServerError {
 					t.Fatalf("first: status %d, want 500", w1.Code)
 				}
-				<-app.entered // the duplicate claimed the key and runs the handler
+				recv(t, app.entered, "the duplicate to enter the handler") // it claimed the key and runs the handler
 				app.failAfterRelease.Store(false)
 				close(app.release)
-				w2 := <-second
+				w2 := recv(t, second, "the duplicate's response")
 				if w2.Code != http.StatusCreated || w2.Header().Get(idem.HeaderReplayed) != "" {
 					t.Fatalf("duplicate: %d replayed=%q, want a fresh 201", w2.Code, w2.Header().Get(idem.HeaderReplayed))
 				}
 			} else {
 				close(app.release)
-				w1, w2 := <-first, <-second
+				w1, w2 := recv(t, first, "the first response"), recv(t, second, "the duplicate's response")
 				if w1.Code != http.StatusCreated {
 					t.Fatalf("first: status %d", w1.Code)
 				}
@@ -498,7 +520,7 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	}
 	t.Cleanup(pool.Close)
 	var got outcomes
-	app := newTestApp()
+	app := newTestApp(t)
 	h := newMiddleware(t, pool, producer.MiddlewareConfig{OnOutcome: got.add}).Wrap(app)
 
 	w := req{path: "/ok", key: key("k1"), body: `{}`}.send(h)
@@ -528,7 +550,7 @@ func TestMiddlewareExpiredKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{KeyLifetime: time.Hour})
-	h := mw.Wrap(newTestApp())
+	h := mw.Wrap(newTestApp(t))
 
 	if w := (req{path: "/ok", key: key("k1"), body: `{"a":1}`}).send(h); w.Code != http.StatusCreated {
 		t.Fatalf("first: %d", w.Code)
