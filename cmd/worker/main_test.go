@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/outbox"
+)
+
+func TestUsageAndBadFlags(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"help"}, 0, "worker dead-letters replay"},
+		{[]string{"frobnicate"}, 1, `unknown subcommand "frobnicate"`},
+		{[]string{"--log-format", "xml"}, 1, "--log-format must be text or json"},
+		{[]string{"--roles", "ingress,cook"}, 1, `unknown role "cook"`},
+		{[]string{"dead-letters"}, 1, "want list or replay"},
+	}
+	for _, tc := range cases {
+		var out, errb bytes.Buffer
+		code := run(tc.args, &out, &errb)
+		if code != tc.code || !strings.Contains(errb.String()+out.String(), tc.want) {
+			t.Errorf("run(%q) = %d, output %q; want %d and %q", tc.args, code, errb.String(), tc.code, tc.want)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The real binary under load: SIGTERM stops fetching, lets in-flight batches commit
+// and ack, and exits 0. A second worker then finishes the rest; every key once.
+func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the worker binary")
+	}
+	t.Parallel()
+	db := pgtest.New(t)
+	bin := filepath.Join(t.TempDir(), "worker")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	const n = 5000
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		msgs := make([]idem.Message, n)
+		for i := range msgs {
+			msgs[i] = idem.Message{Key: fmt.Sprintf("term-%05d", i), Subject: idem.SubjectCharge, Payload: testenv.ChargePayload("acct_term", i+1)}
+		}
+		return outbox.EnqueueBatch(ctx, tx, msgs)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := t.TempDir()
+	start := func() (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command(bin, "--database-url", db.URL, "--data-dir", dataDir, "--http-addr", freeAddr(t))
+		var logs bytes.Buffer
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		return cmd, &logs
+	}
+
+	first, logs := start()
+	testenv.Eventually(t, 60*time.Second, "the first worker to process some charges", func() bool {
+		return db.Count(t, `SELECT count(*) FROM ledger_entries`) > 0
+	})
+	if err := first.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err = first.Wait()
+	var exitErr *exec.ExitError
+	if errors.As(err, &exitErr) || err != nil {
+		t.Fatalf("worker exit after SIGTERM: %v\n%s", err, logs.String())
+	}
+	if !strings.Contains(logs.String(), "worker stopped") {
+		t.Fatalf("no clean stop in the logs:\n%s", logs.String())
+	}
+	midway := db.Count(t, `SELECT count(*) FROM ledger_entries`)
+	t.Logf("ledger rows at SIGTERM: %d of %d", midway, n)
+
+	second, logs2 := start()
+	testenv.Eventually(t, 90*time.Second, "the second worker to finish", func() bool {
+		return db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'charges'`) == n
+	})
+	_ = second.Process.Signal(syscall.SIGTERM)
+	if err := second.Wait(); err != nil {
+		t.Errorf("second worker: %v", err)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != n {
+		sc := bufio.NewScanner(logs2)
+		for sc.Scan() {
+			t.Log(sc.Text())
+		}
+		t.Fatalf("ledger rows = %d, want %d", got, n)
+	}
+	if got := db.Count(t, `SELECT count(DISTINCT idempotency_key) FROM ledger_entries`); got != n {
+		t.Fatalf("distinct keys = %d, want %d", got, n)
+	}
+	_ = os.Remove(bin)
+}
