@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
@@ -125,15 +127,18 @@ type ExternalConfig struct {
 	// dead-lettered (default 10). A delivery that finds the key busy is handed
 	// back without an attempt and does not count; one that finds it done is acked.
 	MaxDeliver int
-	// Backoff is the redelivery delay after the n-th failed delivery (default
+	// Backoff is the redelivery delay after the n-th failed attempt (default
 	// DefaultBackoff).
-	Backoff func(deliveries int) time.Duration
+	Backoff func(attempts int) time.Duration
 	// KeyLifetime is how long inbox keys are remembered (default
 	// dedupe.DefaultLifetime).
 	KeyLifetime time.Duration
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes one span per delivery, continuing the producer's trace,
+	// as for Consumer; Perform's context carries it (default: no tracing).
+	TracerProvider trace.TracerProvider
 	// OnOutcome, when set, counts outcomes (for metrics): the Outcome* constants.
 	OnOutcome func(consumer, outcome string, n int)
 	// AfterPerform, when set, runs after Perform returned (err is its error) and
@@ -181,6 +186,9 @@ func (c ExternalConfig) withDefaults() ExternalConfig {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
 	}
 	return c
 }
@@ -263,15 +271,17 @@ func NewExternal(pool *pgxpool.Pool, js jetstream.JetStream, cfg ExternalConfig)
 	log := cfg.Logger.With("consumer", cfg.Name, "subject", cfg.Subject, "effect", "external")
 	base := &Consumer{
 		pool: pool, js: js, log: log,
+		tracer: cfg.TracerProvider.Tracer("github.com/idemkit/idem/consumer"),
 		cfg: Config{
-			Name:        cfg.Name,
-			Subject:     cfg.Subject,
-			AckWait:     cfg.AckWait,
-			MaxDeliver:  cfg.MaxDeliver,
-			Backoff:     cfg.Backoff,
-			KeyLifetime: cfg.KeyLifetime,
-			Logger:      log,
-			OnOutcome:   cfg.OnOutcome,
+			Name:           cfg.Name,
+			Subject:        cfg.Subject,
+			AckWait:        cfg.AckWait,
+			MaxDeliver:     cfg.MaxDeliver,
+			Backoff:        cfg.Backoff,
+			KeyLifetime:    cfg.KeyLifetime,
+			Logger:         log,
+			TracerProvider: cfg.TracerProvider,
+			OnOutcome:      cfg.OnOutcome,
 		},
 	}
 	return &External{pool: pool, js: js, cfg: cfg, log: log, base: base}, nil
@@ -332,6 +342,10 @@ func (x *External) Run(ctx context.Context) error {
 				case <-ctx.Done():
 					return
 				case m := <-buffer:
+					if ctx.Err() != nil {
+						_ = m.Nak() // picked in the same instant as the shutdown
+						return
+					}
 					x.handle(work, m)
 				}
 			}
@@ -356,6 +370,8 @@ func (x *External) Run(ctx context.Context) error {
 // handle takes one message from delivery to ack.
 func (x *External) handle(ctx context.Context, m jetstream.Msg) {
 	d, reason := decode(m)
+	x.base.startSpan(ctx, d)
+	defer d.span.End()
 	if reason != "" {
 		x.base.deadLetter(ctx, d, reason)
 		return
@@ -415,7 +431,9 @@ func (x *External) perform(ctx context.Context, d *Delivery, lr dedupe.LeaseResu
 	}
 	e := &Effect{Delivery: d, Attempt: lr.Attempt, Step: lr.Step, StepState: lr.StepState, pool: x.pool, holder: h}
 
-	pctx, cancel := context.WithCancelCause(ctx)
+	// Perform's context carries the delivery's span (d.Context() derives from ctx),
+	// so the handler's own spans — an HTTP call downstream — join the intent's trace.
+	pctx, cancel := context.WithCancelCause(d.Context())
 	defer cancel(nil)
 	stopBeat := x.keepAlive(pctx, cancel, d, h)
 	result, err := x.cfg.Handler.Perform(pctx, e)

@@ -11,6 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
@@ -207,17 +212,17 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 		return []byte(`"sent"`), nil
 	})
 	cfg := b.extConfig(h)
-	cfg.LeaseFor, cfg.AckWait = 300*time.Millisecond, 300*time.Millisecond
+	cfg.LeaseFor, cfg.AckWait = 600*time.Millisecond, 600*time.Millisecond
 	cfg.Concurrency = 2 // a free slot for the copy, so only the lease can hold it back
 	b.startExternal(t, cfg)
 
 	b.env.Publish(t, idem.SubjectEmail, "k-slow", "first", []byte("x"))
 	<-started
-	// Wait until the lease has been extended to well past four LeaseFors after the
-	// claim: only extensions can get it there.
+	// Wait until the lease has been extended to well past three LeaseFors (and
+	// AckWaits) after the claim: only extensions can get it there.
 	testenv.Eventually(t, 10*time.Second, "the lease to be extended repeatedly", func() bool {
 		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-slow' AND status = 'leased'
-			AND lease_until > created_at + interval '1200 milliseconds'`) == 1
+			AND lease_until > created_at + interval '1800 milliseconds'`) == 1
 	})
 	if n := b.out.get(consumer.OutcomeBusy); n != 0 {
 		t.Fatalf("the holder's own message came back %d times while it was being performed: heartbeats missing", n)
@@ -411,5 +416,37 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 	// point, so a replay of the dead letter can run them.
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key IN ('k-perm','k-flaky','k-die') AND status = 'leased' AND lease_until <= now()`); n != 3 {
 		t.Errorf("released keys of dead letters = %d, want 3", n)
+	}
+}
+
+// Perform runs inside the delivery's span, a child of the producer's trace, so a
+// handler's own calls downstream join the intent's trace.
+func TestExternalContinuesProducerTrace(t *testing.T) {
+	b := setup(t)
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	rec := tracetest.NewSpanRecorder()
+	var seen atomic.Value
+	h := consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
+		seen.Store(trace.SpanContextFromContext(ctx).TraceID().String())
+		return nil, nil
+	})
+	cfg := b.extConfig(h)
+	cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	msg := nats.NewMsg(idem.SubjectEmail)
+	msg.Header.Set(idem.HeaderKey, "k-traced")
+	msg.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	msg.Data = []byte("x")
+	if _, err := b.env.JS.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	b.startExternal(t, cfg)
+	testenv.Eventually(t, 10*time.Second, "the traced message processed", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 1 && len(rec.Ended()) == 1
+	})
+	if got, _ := seen.Load().(string); got != traceID {
+		t.Errorf("Perform's trace id = %q, want the producer's %s", got, traceID)
+	}
+	if sp := rec.Ended()[0]; sp.Name() != "idem.consume "+idem.SubjectEmail || sp.SpanContext().TraceID().String() != traceID {
+		t.Errorf("span %q in trace %s, want the consume span in the producer's trace", sp.Name(), sp.SpanContext().TraceID())
 	}
 }

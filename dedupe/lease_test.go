@@ -87,18 +87,13 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	if err := dedupe.RecordStep(ctx, db.Pool, dead.Holder, "authorize", []byte(`{"auth":"a_1"}`)); err != nil {
 		t.Fatal(err)
 	}
-	// ... and the holder dies. Until the lease runs out, everyone else backs off;
-	// then one of them takes over.
+	// ... and the holder dies. Until the lease runs out, everyone else is told it
+	// is busy (TestLeaseLifecycle); then one of them takes over.
 	var next dedupe.LeaseResult
-	sawBusy := false
 	testenv.Eventually(t, 5*time.Second, "the expired lease to be taken over", func() bool {
 		next = mustLease(t, db, "k2", fpA, time.Minute)
-		sawBusy = sawBusy || next.Outcome == dedupe.LeaseBusy
 		return next.Outcome == dedupe.LeaseAcquired
 	})
-	if !sawBusy {
-		t.Error("no Busy seen while the first lease was live")
-	}
 	if next.Attempt != 2 || next.Step != "authorize" || string(next.StepState) != `{"auth":"a_1"}` {
 		t.Fatalf("takeover = attempt %d step %q state %q, want attempt 2 resuming after authorize", next.Attempt, next.Step, next.StepState)
 	}
@@ -216,14 +211,16 @@ func TestLeaseRaceHasOneWinner(t *testing.T) {
 		return acquired, busy
 	}
 
-	won, busy := race(200 * time.Millisecond)
+	// Leases long enough that none can expire during a race on a loaded machine:
+	// a second winner would then be a legitimate takeover, not a race.
+	won, busy := race(time.Minute)
 	if len(won) != 1 || busy != workers-1 {
 		t.Fatalf("new key: %d acquired, %d busy; want 1 and %d", len(won), busy, workers-1)
 	}
-	// Let the winner's lease expire (it "died"), then race for the takeover.
-	testenv.Eventually(t, 5*time.Second, "the lease to expire", func() bool {
-		return db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-race' AND lease_until <= now()`) == 1
-	})
+	// The winner "died" long ago: its lease ended. Race for the takeover.
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_inbox SET lease_until = now() - interval '1 second' WHERE key = 'k-race'`); err != nil {
+		t.Fatal(err)
+	}
 	won, busy = race(time.Minute)
 	if len(won) != 1 || busy != workers-1 {
 		t.Fatalf("expired lease: %d acquired, %d busy; want 1 and %d", len(won), busy, workers-1)

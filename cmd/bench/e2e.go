@@ -244,27 +244,25 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 		}()
 	}
 
-	waitErr := effects.wait(ctx, cfg.Timeout, "effects committed")
-	if waitErr == nil {
-		// A producer error would show up as a timeout; report it instead.
-		select {
-		case err := <-errs:
-			if err != nil {
-				waitErr = err
-			}
-		default:
-		}
+	// Until every effect committed, anything on errs is a failure: a producer error,
+	// or the consumer or relay returning before it was asked to.
+	var waitErr error
+	select {
+	case <-effects.done:
+	case err := <-errs:
+		waitErr = fmt.Errorf("pipeline stopped early (%d of %d effects committed): %v", effects.Load(), cfg.N, err)
+	case <-ctx.Done():
+		waitErr = ctx.Err()
+	case <-time.After(cfg.Timeout):
+		waitErr = fmt.Errorf("timed out after %s: %d of %d effects committed", cfg.Timeout, effects.Load(), cfg.N)
 	}
 	meas, merr := meter.Stop(ctx)
-	producers.Wait()
-	if waitErr != nil {
-		stopAll()
-		return out, waitErr
+	if err := errors.Join(waitErr, merr); err != nil {
+		stopAll() // cancels the producers too
+		producers.Wait()
+		return out, err
 	}
-	if merr != nil {
-		stopAll()
-		return out, merr
-	}
+	producers.Wait() // all effects committed: every producer has returned or is about to
 	out.meas = meas
 	out.produced = time.Duration(lastProduced.Load())
 
@@ -388,8 +386,8 @@ func runE2EDup(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result,
 	r.Ledger = &run.ledger
 	r.Verified = fmt.Sprintf("ok: %d rows for %d messages", run.ledger.Rows, 2*p.N)
 	r.Notes = append(r.Notes,
-		fmt.Sprintf("all %d effects committed at %.2fs; all %d messages acked at %.2fs (%.0f msgs/s incl. redeliveries after AckWait %s)",
-			p.N, run.effects.Seconds(), 2*p.N, run.drained.Seconds(), float64(2*p.N)/run.drained.Seconds(), p.AckWait),
+		fmt.Sprintf("producers finished after %.2fs; all %d effects committed at %.2fs; all %d messages acked at %.2fs (%.0f msgs/s incl. redeliveries after AckWait %s)",
+			run.produced.Seconds(), p.N, run.effects.Seconds(), 2*p.N, run.drained.Seconds(), float64(2*p.N)/run.drained.Seconds(), p.AckWait),
 		fmt.Sprintf("%d batches had their acks dropped; consumer outcomes: %d processed, %d duplicates folded",
 			run.dropped, run.processed, run.duplicates))
 	return []Result{r}, nil

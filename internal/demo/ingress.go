@@ -109,7 +109,7 @@ func (in *ingress) payment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := req.validate(); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		ingressWriteError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
 	call, ok := in.call(w, r)
@@ -129,7 +129,7 @@ func (in *ingress) payment(w http.ResponseWriter, r *http.Request) {
 		in.fail(w, fmt.Errorf("demo: enqueue charge: %w", err))
 		return
 	}
-	writeJSON(w, http.StatusAccepted, PaymentResponse{Key: string(call.key), PaymentID: id, Status: "accepted"})
+	ingressWriteJSON(w, http.StatusAccepted, PaymentResponse{Key: string(call.key), PaymentID: id, Status: "accepted"})
 }
 
 func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
@@ -139,7 +139,7 @@ func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := req.validate(); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		ingressWriteError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
 	call, ok := in.call(w, r)
@@ -157,7 +157,7 @@ func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
 		in.fail(w, fmt.Errorf("demo: enqueue email: %w", err))
 		return
 	}
-	writeJSON(w, http.StatusAccepted, EmailResponse{Key: string(call.key), EmailID: id, Status: "accepted"})
+	ingressWriteJSON(w, http.StatusAccepted, EmailResponse{Key: string(call.key), EmailID: id, Status: "accepted"})
 }
 
 // decode reads the body (already buffered and size-limited by the middleware) into
@@ -167,24 +167,24 @@ func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
 func (in *ingress) decode(w http.ResponseWriter, r *http.Request, v any) ([]byte, bool) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", "reading body: "+err.Error())
+		ingressWriteError(w, http.StatusBadRequest, "invalid_request", "reading body: "+err.Error())
 		return nil, false
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", "body is not a valid JSON request: "+err.Error())
+		ingressWriteError(w, http.StatusBadRequest, "invalid_request", "body is not a valid JSON request: "+err.Error())
 		return nil, false
 	}
 	if dec.More() {
-		writeError(w, http.StatusBadRequest, "invalid_request", "body has data after the JSON object")
+		ingressWriteError(w, http.StatusBadRequest, "invalid_request", "body has data after the JSON object")
 		return nil, false
 	}
 	return body, true
 }
 
-// callInfo is what a handler takes from the middleware's request context.
-type callInfo struct {
+// ingressCall is what a handler takes from the middleware's request context.
+type ingressCall struct {
 	tx     pgx.Tx
 	scope  string
 	key    idem.Key
@@ -194,26 +194,26 @@ type callInfo struct {
 // call fetches the middleware's transaction and key. Without them the handler was
 // mounted without the middleware, and writing outside a claimed transaction would
 // break the once-per-intent guarantee, so it refuses.
-func (in *ingress) call(w http.ResponseWriter, r *http.Request) (callInfo, bool) {
+func (in *ingress) call(w http.ResponseWriter, r *http.Request) (ingressCall, bool) {
 	ctx := r.Context()
 	tx, ok := producer.TxFromContext(ctx)
 	key, _ := producer.KeyFromContext(ctx)
 	scoped, _ := producer.ScopedKeyFromContext(ctx)
 	if !ok {
 		in.fail(w, errors.New("demo: handler mounted without producer.Middleware: no transaction in context"))
-		return callInfo{}, false
+		return ingressCall{}, false
 	}
-	return callInfo{tx: tx, scope: producer.ScopeFromContext(ctx), key: key, scoped: scoped}, true
+	return ingressCall{tx: tx, scope: producer.ScopeFromContext(ctx), key: key, scoped: scoped}, true
 }
 
 // fail answers 500. The middleware rolls the transaction back on any 5xx, so the
 // client's retry with the same key executes again.
 func (in *ingress) fail(w http.ResponseWriter, err error) {
 	in.log.Error("demo: request failed", "err", err)
-	writeError(w, http.StatusInternalServerError, "internal_error", "the request failed; retry with the same Idempotency-Key")
+	ingressWriteError(w, http.StatusInternalServerError, "internal_error", "the request failed; retry with the same Idempotency-Key")
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+func ingressWriteJSON(w http.ResponseWriter, status int, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {
 		// Only our own response types get here; they always marshal.
@@ -224,12 +224,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// errorBody matches the middleware's error shape, so clients parse one format.
-type errorBody struct {
+// ingressErrorBody matches the middleware's error shape, so clients parse one format.
+type ingressErrorBody struct {
 	Error string `json:"error"`
 	Code  string `json:"code"`
 }
 
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	writeJSON(w, status, errorBody{Error: msg, Code: code})
+func ingressWriteError(w http.ResponseWriter, status int, code, msg string) {
+	ingressWriteJSON(w, status, ingressErrorBody{Error: msg, Code: code})
 }

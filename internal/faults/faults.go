@@ -27,7 +27,7 @@ const EnvVar = "IDEM_FAULTS"
 const (
 	ConsumerAfterCommit = "consumer.after-commit" // committed, not acked
 	RelayAfterPublish   = "relay.after-publish"   // published, not marked
-	IngressAfterCommit  = "ingress.after-commit"  // committed, response not sent
+	EmailAfterSend      = "email.after-send"      // the SMTP server took the mail, lease not completed
 	EffectBeforeCommit  = "effect.before-commit"  // effect done, inbox transaction not committed
 
 	// SkipInboxClaim is not a crash but the chaos suite's negative control: armed

@@ -170,7 +170,12 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 			return nil, err
 		}
 	}
-	// EMAILS-WIRING
+	if !cfg.DisableConsumers && cfg.SMTPAddr != "" {
+		if err := s.startEmails(runCtx, cfg.SMTPAddr); err != nil {
+			cancel()
+			return nil, err
+		}
+	}
 	if !cfg.DisableCollector {
 		cc := cfg.Collector
 		if cc.Logger == nil {
@@ -271,6 +276,13 @@ func (s *Service) checkLifetimes(ctx context.Context, stream jetstream.Stream) e
 		StreamMaxAge: info.Config.MaxAge,
 		Redelivery:   cc.RedeliveryHorizon(),
 		ClientResend: s.cfg.ClientResendHorizon,
+	}
+	if s.cfg.SMTPAddr != "" {
+		ec, err := s.emailConfig(s.cfg.SMTPAddr)
+		if err != nil {
+			return err
+		}
+		l.Redelivery = max(l.Redelivery, ec.RedeliveryHorizon())
 	}
 	if err := l.Check(); err != nil {
 		return fmt.Errorf("service: refusing to start: %w", err)

@@ -1,0 +1,390 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem/internal/pgtest"
+)
+
+// TestChaos runs intents through the real client, ingress, outbox, relay, JetStream
+// and consumers while processes are killed at random moments and at deterministic
+// fault points, then checks that every intent took effect exactly once and that
+// every poison message, and nothing else, is a dead letter.
+func TestChaos(t *testing.T) {
+	cfg := loadConfig(t)
+	t.Parallel()
+	cfg.name = "faults"
+	f := runChaos(t, cfg)
+	for _, p := range f.problems() {
+		t.Errorf("chaos: %s", p)
+	}
+	if f.folded == 0 {
+		t.Errorf("chaos: duplicates_folded=0 although %.0f%% of the intents dropped their first response: is the folding not logged any more?", cfg.dropShare*100)
+	}
+}
+
+// TestChaosNegativeControl is the same run with the consumers' inbox claim switched
+// off (IDEM_FAULTS=consumer.skip-inbox-claim=on). The checker must see doubled
+// effects; if it does not, it is blind and TestChaos proves nothing.
+func TestChaosNegativeControl(t *testing.T) {
+	cfg := loadConfig(t)
+	t.Parallel()
+	if cfg.soak {
+		// The control shows the checker can see a failure; it need not soak.
+		cfg = cfg.shortSized()
+	}
+	cfg.name, cfg.negative = "negative-control", true
+	f := runChaos(t, cfg)
+	if f.doubled == 0 {
+		t.Errorf("chaos: negative control reported doubled=0 with the inbox claim off: the checker cannot see a double effect")
+	}
+	if f.lost > 0 {
+		t.Errorf("chaos: negative control lost %d intents: switching the claim off must double effects, never lose them", f.lost)
+	}
+}
+
+// config is one run's size and schedule.
+type config struct {
+	name         string
+	seed         uint64
+	intents      int           // presses over all lanes
+	duration     time.Duration // length of the load phase
+	lanes        int           // client devices, one journal each
+	randomFaults int           // faults injected at random moments
+	armPerSlot   int           // fault-point incarnations per worker slot (-1: re-arm on restarts)
+	maxK         int           // fault points fire at a random @K in [2, maxK]
+	dropShare    float64       // share of intents sent with --drop-response
+	copies       int           // re-published copies of intents (must be folded)
+	settle       time.Duration // deadline for the run to come to rest after the load
+	soak         bool
+	negative     bool
+}
+
+// loadConfig reads the environment: IDEM_CHAOS_SEED replays a schedule;
+// IDEM_CHAOS_INTENTS and IDEM_CHAOS_DURATION turn the run into a soak;
+// IDEM_CHAOS_LANES, IDEM_CHAOS_FAULTS and IDEM_CHAOS_SETTLE (the deadline for the
+// run to come to rest) tune it; IDEM_CHAOS_LOGDIR keeps the processes' logs. It
+// skips under -short.
+func loadConfig(t *testing.T) config {
+	if testing.Short() {
+		t.Skip("chaos: skipped under -short: builds the worker, the client and nats-server and runs real processes under faults for about a minute")
+	}
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	c := config{intents: 300, duration: 20 * time.Second, lanes: 6, armPerSlot: 1, maxK: 40, dropShare: 0.2}
+	envInt := func(name string, dst *int) {
+		if v := os.Getenv(name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				t.Fatalf("chaos: %s=%q: want a positive integer", name, v)
+			}
+			*dst = n
+		}
+	}
+	if v := os.Getenv("IDEM_CHAOS_INTENTS"); v != "" {
+		envInt("IDEM_CHAOS_INTENTS", &c.intents)
+		c.soak = true
+	}
+	if v := os.Getenv("IDEM_CHAOS_DURATION"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 5*time.Second {
+			t.Fatalf("chaos: IDEM_CHAOS_DURATION=%q: want a duration of at least 5s", v)
+		}
+		c.duration, c.soak = d, true
+	}
+	if c.soak {
+		c.lanes, c.armPerSlot, c.maxK = 8, -1, 100
+	}
+	envInt("IDEM_CHAOS_LANES", &c.lanes)
+	c.randomFaults = max(int(numFaultKinds)+2, int(c.duration/(4*time.Second)))
+	envInt("IDEM_CHAOS_FAULTS", &c.randomFaults)
+	if v := os.Getenv("IDEM_CHAOS_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("chaos: IDEM_CHAOS_SEED=%q: %v", v, err)
+		}
+		c.seed = s
+	} else {
+		c.seed = uint64(time.Now().UnixNano())
+	}
+	c.copies = max(10, c.intents/50)
+	// The consumer's AckWait is 30s: a batch taken by a worker that died is
+	// redelivered only then. The deadline leaves room for a few of those in a row.
+	c.settle = 2*time.Minute + c.duration/4
+	if v := os.Getenv("IDEM_CHAOS_SETTLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			t.Fatalf("chaos: IDEM_CHAOS_SETTLE=%q: want a positive duration", v)
+		}
+		c.settle = d
+	}
+	return c
+}
+
+// shortSized is c at the size of the default run, with c's seed.
+func (c config) shortSized() config {
+	c.intents, c.duration, c.lanes, c.armPerSlot, c.maxK = 300, 20*time.Second, 6, 1, 40
+	c.randomFaults = int(numFaultKinds) + 2
+	c.copies = 10
+	c.settle = 2*time.Minute + c.duration/4
+	c.soak = false
+	return c
+}
+
+// run is one chaos run: its processes, its database, its schedule and its counts.
+type run struct {
+	t     *testing.T
+	cfg   config
+	dir   string
+	start time.Time
+	procs *procs
+	db    *pgtest.DB
+	nats  *natsServer
+	nc    *nats.Conn
+	js    jetstream.JetStream
+
+	workers []*worker
+	lanes   []*lane
+	plan    map[string]int64 // account -> amount, one per press
+
+	faults faultCounts
+	// Set by injectPoison, read after it finished.
+	poison []poison
+	copied map[string]bool // keys of intents whose message was published again
+}
+
+// logf logs with the time since the run started.
+func (r *run) logf(format string, args ...any) {
+	r.t.Logf("[%s %6.2fs] %s", r.cfg.name, time.Since(r.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+// ingressURL picks one of the ingress workers.
+func (r *run) ingressURL(rng *rand.Rand) string {
+	var ws []*worker
+	for _, w := range r.workers {
+		if w.ingress() {
+			ws = append(ws, w)
+		}
+	}
+	return ws[rng.IntN(len(ws))].url()
+}
+
+// runChaos runs one whole scenario: start, load under faults, settle, check. It
+// prints the figures line and returns the figures; the caller decides what must hold.
+func runChaos(t *testing.T, cfg config) figures {
+	r := &run{t: t, cfg: cfg, dir: t.TempDir(), start: time.Now()}
+	r.logf("seed=%d (replay the schedule with IDEM_CHAOS_SEED=%d) intents=%d duration=%s lanes=%d random_faults=%d",
+		cfg.seed, cfg.seed, cfg.intents, cfg.duration, cfg.lanes, cfg.randomFaults)
+	rng := rand.New(rand.NewPCG(cfg.seed, 0x1de5))
+	child := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) }
+
+	logDir := filepath.Join(r.dir, "logs")
+	if v := os.Getenv("IDEM_CHAOS_LOGDIR"); v != "" {
+		// Keep the logs after the test (t.TempDir is removed).
+		logDir = filepath.Join(v, fmt.Sprintf("%s-%d", cfg.name, cfg.seed))
+	}
+	r.procs = newProcs(t, logDir)
+	r.logf("logs in %s", logDir)
+	r.db = pgtest.New(t)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+
+	// Ports first, all at once, so no two of ours collide.
+	ports, err := freePorts(1 + len(topology()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0]); err != nil {
+		t.Fatal(err)
+	}
+	r.nc, err = nats.Connect(r.nats.URL(), nats.Name("idem-chaos-checker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatalf("chaos: connect to nats-server: %v", err)
+	}
+	t.Cleanup(r.nc.Close)
+	if r.js, err = jetstream.New(r.nc); err != nil {
+		t.Fatalf("chaos: jetstream: %v", err)
+	}
+
+	// Workers, each supervised. load ends when the load phase does: no more arming.
+	load, endLoad := context.WithCancel(ctx)
+	defer endLoad()
+	for i, spec := range topology() {
+		w, err := newWorker(r, spec, ports[1+i], child())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.workers = append(r.workers, w)
+	}
+	var supervisors sync.WaitGroup
+	for _, w := range r.workers {
+		supervisors.Add(1)
+		go func() { defer supervisors.Done(); w.supervise(ctx, load) }()
+	}
+	t.Cleanup(func() { cancel(); supervisors.Wait() })
+	if err := r.waitFor(ctx, time.Minute, "every worker to be ready", func() (bool, string, error) {
+		var down []string
+		for _, w := range r.workers {
+			if !w.ready(ctx) {
+				down = append(down, w.spec.name)
+			}
+		}
+		return len(down) == 0, "not ready: " + strings.Join(down, ","), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.logf("nats-server and %d workers ready", len(r.workers))
+
+	// The load: presses spread evenly over the duration, round-robin over lanes.
+	r.plan = map[string]int64{}
+	perLane := make([][]press, cfg.lanes)
+	for i := range cfg.intents {
+		ln := i % cfg.lanes
+		p := press{
+			at:      cfg.duration * time.Duration(i) / time.Duration(cfg.intents),
+			account: fmt.Sprintf("acct-%02d-%06d", ln, i),
+			cents:   100 + rng.Int64N(99_900),
+			drop:    rng.Float64() < cfg.dropShare,
+		}
+		r.plan[p.account] = p.cents
+		perLane[ln] = append(perLane[ln], p)
+	}
+	for i := range cfg.lanes {
+		l, err := newLane(r, i, perLane[i], child())
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.lanes = append(r.lanes, l)
+	}
+	events := planFaults(child(), cfg.randomFaults, cfg.duration, len(r.workers), len(r.lanes))
+	for _, e := range events {
+		r.logf("schedule: %s", e)
+	}
+	poisonRNG := child()
+	poisonAt := cfg.duration/4 + time.Duration(rng.Int64N(int64(cfg.duration/2)))
+
+	loadStart := time.Now()
+	var (
+		wg       sync.WaitGroup
+		errsMu   sync.Mutex
+		loadErrs []error
+	)
+	report := func(err error) {
+		if err != nil {
+			errsMu.Lock()
+			loadErrs = append(loadErrs, err)
+			errsMu.Unlock()
+		}
+	}
+	lanesDone := make(chan struct{})
+	var laneWG sync.WaitGroup
+	for _, l := range r.lanes {
+		laneWG.Add(1)
+		go func() {
+			defer laneWG.Done()
+			report(l.runLoad(ctx, loadStart))
+		}()
+	}
+	go func() { laneWG.Wait(); close(lanesDone) }()
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		report(r.inject(load, loadStart, events))
+	}()
+	go func() {
+		defer wg.Done()
+		select {
+		case <-time.After(time.Until(loadStart.Add(poisonAt))):
+		case <-ctx.Done():
+			return
+		}
+		report(r.injectPoison(ctx, poisonRNG))
+	}()
+
+	<-lanesDone
+	endLoad() // the schedule stops, restarts come up unarmed
+	wg.Wait()
+	r.logf("load done in %s; finishing the journals", time.Since(loadStart).Round(time.Millisecond))
+
+	// Every client resumes until its journal is done, then lists it.
+	finishCtx, finishCancel := context.WithTimeout(ctx, cfg.settle)
+	defer finishCancel()
+	var journal []intentLine
+	var jmu sync.Mutex
+	for _, l := range r.lanes {
+		laneWG.Add(1)
+		go func() {
+			defer laneWG.Done()
+			report(l.finish(finishCtx))
+			lines, err := l.list(ctx)
+			report(err)
+			jmu.Lock()
+			journal = append(journal, lines...)
+			jmu.Unlock()
+		}()
+	}
+	laneWG.Wait()
+	for _, err := range loadErrs {
+		t.Errorf("chaos: %v", err)
+	}
+	keys := make([]string, len(journal))
+	for i, il := range journal {
+		keys[i] = il.Key
+	}
+	r.logf("journals finished: %d intents from %d presses", len(journal), cfg.intents)
+
+	settleStart := time.Now()
+	if err := r.settle(ctx, keys); err != nil {
+		t.Errorf("chaos: %v", err)
+	} else {
+		r.logf("settled in %s", time.Since(settleStart).Round(time.Millisecond))
+	}
+
+	f, err := r.check(ctx, journal)
+	if err != nil {
+		t.Fatalf("chaos: check: %v", err)
+	}
+	r.logf("faults by kind: %v", f.faultsByKind)
+	r.logf("duplicates folded: %d ingress replays + %d inbox folds (%d copies were published); dead letters: %d (%d poison published)",
+		f.replays, f.folds, len(r.copied), f.deadLetters, len(r.poison))
+	r.logf("doubled intents by cause: %v", f.doubledBy)
+	// One write, so the two lines stay together when both tests print at once.
+	fmt.Printf("chaos: run=%s seed=%d elapsed=%s\n%s\n", cfg.name, cfg.seed, time.Since(r.start).Round(time.Second), f)
+	t.Log(f.String())
+	return f
+}
+
+// freePorts reserves n distinct loopback ports and releases them for the children.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("chaos: free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}

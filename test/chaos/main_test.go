@@ -1,0 +1,72 @@
+package chaos
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The binaries under test, built once per test run by TestMain. These are the
+// package's only globals.
+var (
+	workerBin  string // go build ./cmd/worker
+	enqueueBin string // go build ./cmd/enqueue
+	natsBin    string // go build github.com/nats-io/nats-server/v2 (the version pinned in go.mod)
+	buildErr   error  // why the binaries could not be built; every test reports it
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run()) // every test skips; do not spend time building
+	}
+	dir, err := os.MkdirTemp("", "idem-chaos-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: temp dir for binaries:", err)
+		os.Exit(1)
+	}
+	buildErr = buildBinaries(dir)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// buildBinaries builds the worker, the client and nats-server into dir, the two
+// go builds side by side. nats-server is built from the module version go.mod
+// requires, never downloaded as a binary.
+func buildBinaries(dir string) error {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		return fmt.Errorf("chaos: repository root not found at %s: %w", root, err)
+	}
+	start := time.Now()
+	build := func(pkgs ...string) error {
+		args := append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)
+		cmd := exec.Command("go", args...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("chaos: go %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- build("./cmd/worker", "./cmd/enqueue") }()
+	go func() { errs <- build("github.com/nats-io/nats-server/v2") }()
+	if err := errors.Join(<-errs, <-errs); err != nil {
+		return err
+	}
+	workerBin = filepath.Join(dir, "worker")
+	enqueueBin = filepath.Join(dir, "enqueue")
+	natsBin = filepath.Join(dir, "nats-server")
+	fmt.Fprintf(os.Stderr, "chaos: built worker, enqueue and nats-server in %s\n", time.Since(start).Round(100*time.Millisecond))
+	return nil
+}

@@ -1,0 +1,193 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// workerSpec is one worker slot of the topology: its roles, and the deterministic
+// fault points its incarnations may be armed with (the first armed incarnation
+// takes points[0], later ones a random one).
+type workerSpec struct {
+	name   string
+	roles  string
+	points []string
+}
+
+// topology is the scale-out under test: three workers share the durable consumer
+// "charges", two relays drain one outbox, three of them take HTTP ingress.
+func topology() []workerSpec {
+	return []workerSpec{
+		{"w1", "ingress,consumers", []string{"effect.before-commit", "consumer.after-commit"}},
+		{"w2", "ingress,consumers", []string{"consumer.after-commit", "effect.before-commit"}},
+		{"w3", "consumers", []string{"effect.before-commit", "consumer.after-commit"}},
+		{"w4", "relay", []string{"relay.after-publish"}},
+		// ingress.after-commit is declared in internal/faults but not yet hit by the
+		// service: until it is, arming it is a no-op (its count stays 0).
+		{"w5", "relay,ingress", []string{"relay.after-publish", "ingress.after-commit"}},
+	}
+}
+
+// worker is a supervised slot: one process at a time, restarted after every death
+// (a fault point firing, a SIGKILL from the schedule, an exit after losing its
+// database or broker) until the run stops.
+type worker struct {
+	r        *run
+	spec     workerSpec
+	httpAddr string
+	dataDir  string
+	log      *os.File
+	rng      *rand.Rand // used by the supervisor goroutine only
+
+	mu          sync.Mutex
+	cur         *proc
+	incarnation int
+	armed       int // incarnations started with a fault point
+	stopped     chan struct{}
+}
+
+func newWorker(r *run, spec workerSpec, port int, rng *rand.Rand) (*worker, error) {
+	w := &worker{
+		r: r, spec: spec, rng: rng,
+		httpAddr: fmt.Sprintf("127.0.0.1:%d", port),
+		dataDir:  filepath.Join(r.dir, "workers", spec.name),
+		stopped:  make(chan struct{}),
+	}
+	if err := os.MkdirAll(w.dataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("chaos: worker %s data dir: %w", spec.name, err)
+	}
+	log, err := r.procs.openLog("worker-" + spec.name)
+	if err != nil {
+		return nil, err
+	}
+	w.log = log
+	return w, nil
+}
+
+func (w *worker) consumes() bool { return strings.Contains(w.spec.roles, "consumers") }
+func (w *worker) ingress() bool  { return strings.Contains(w.spec.roles, "ingress") }
+
+// url is the worker's HTTP base URL (ingress and health).
+func (w *worker) url() string { return "http://" + w.httpAddr }
+
+// nextFaults is IDEM_FAULTS for the next incarnation. While the load runs, an
+// incarnation may be armed with one fault point at a random @K (a count of batches,
+// publishes or requests); once the load is over, restarts come up unarmed so the run
+// can settle. The negative control keeps its consumers without the inbox claim in
+// every incarnation.
+func (w *worker) nextFaults(loadRunning bool) string {
+	var spec []string
+	if w.r.cfg.negative && w.consumes() {
+		spec = append(spec, "consumer.skip-inbox-claim=on")
+	}
+	arm := loadRunning && (w.r.cfg.armPerSlot < 0 || w.armed < w.r.cfg.armPerSlot)
+	if arm && w.armed > 0 {
+		arm = w.rng.IntN(2) == 0 // after the first, re-arm one restart in two
+	}
+	if arm {
+		point := w.spec.points[0]
+		if w.armed > 0 {
+			point = w.spec.points[w.rng.IntN(len(w.spec.points))]
+		}
+		k := 2 + w.rng.IntN(w.r.cfg.maxK-1)
+		spec = append(spec, fmt.Sprintf("%s=kill@%d", point, k))
+		w.armed++
+	}
+	return strings.Join(spec, ",")
+}
+
+// supervise runs incarnations until ctx ends; load is done when the load phase is
+// over (no more arming).
+func (w *worker) supervise(ctx, load context.Context) {
+	defer close(w.stopped)
+	for ctx.Err() == nil {
+		faults := w.nextFaults(load.Err() == nil)
+		p, err := w.start(faults)
+		if err != nil {
+			w.r.logf("worker %s: %v", w.spec.name, err)
+		} else {
+			select {
+			case <-p.done:
+			case <-ctx.Done():
+				p.kill()
+				<-p.done
+				return
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			w.r.logf("worker %s #%d (%s) %s; restarting", w.spec.name, w.incarnation, orNone(faults), p.outcome())
+		}
+		// The pause before a restart is part of the fault schedule (how long the
+		// slot stays down), not a wait for some state.
+		select {
+		case <-time.After(time.Duration(100+w.rng.IntN(400)) * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+}
+
+func (w *worker) start(faults string) (*proc, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.incarnation++
+	fmt.Fprintf(w.log, "=== chaos: worker %s incarnation #%d roles=%s IDEM_FAULTS=%s\n", w.spec.name, w.incarnation, w.spec.roles, faults)
+	p, err := w.r.procs.start("worker-"+w.spec.name, w.log, nil,
+		[]string{"IDEM_FAULTS=" + faults},
+		workerBin,
+		"--database-url", w.r.db.URL,
+		"--nats-url", w.r.nats.URL(),
+		"--http-addr", w.httpAddr,
+		"--data-dir", w.dataDir,
+		"--roles", w.spec.roles,
+		"--log-level", "debug", // duplicates folded and replays are logged at debug
+		"--shutdown-timeout", "5s",
+	)
+	if err != nil {
+		return nil, err
+	}
+	w.cur = p
+	return p, nil
+}
+
+// kill SIGKILLs the running incarnation; false when none is running.
+func (w *worker) kill() bool {
+	w.mu.Lock()
+	p := w.cur
+	w.mu.Unlock()
+	if p == nil || p.exited() {
+		return false
+	}
+	p.kill()
+	return true
+}
+
+// ready reports whether the worker answers /readyz (Postgres and NATS reachable).
+func (w *worker) ready(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.url()+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no faults"
+	}
+	return "IDEM_FAULTS=" + s
+}
