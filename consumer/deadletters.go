@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,7 +100,7 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 
 // ReplayDeadLetter publishes dead letter id again, with the same Idempotency-Key and
 // a Nats-Msg-Id of its own (so the broker's de-duplication window does not swallow
-// it), and records when. Replaying a message whose effect already happened is still
+// it, nor a second replay), and records when. Replaying a message whose effect already happened is still
 // a duplicate: the inbox folds it by key. Replaying a message that has no key, or a
 // fingerprint mismatch, will be dead-lettered again: fix the producer instead.
 func ReplayDeadLetter(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, id int64) (DeadLetter, error) {
@@ -116,7 +115,9 @@ func ReplayDeadLetter(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetS
 	if dl.Key != "" {
 		msg.Header.Set(idem.HeaderKey, dl.Key)
 	}
-	msg.Header.Set(jetstream.MsgIDHeader, idem.MsgID(dl.Subject, dl.Key)+" replay-"+strconv.FormatInt(id, 10))
+	// Each replay gets its own Msg-Id, so even a second replay of the same dead
+	// letter reaches the consumer, whose inbox (not the broker) decides.
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s replay-%d-%d", idem.MsgID(dl.Subject, dl.Key), id, time.Now().UnixNano()))
 	msg.Data = dl.Payload
 	if _, err := js.PublishMsg(ctx, msg); err != nil {
 		return dl, fmt.Errorf("consumer: replay dead letter %d: publish: %w", id, err)

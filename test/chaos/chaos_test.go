@@ -151,17 +151,19 @@ type run struct {
 	cfg   config
 	dir   string
 	start time.Time
+	rng   *rand.Rand // the seed's stream; every goroutine gets a child of its own
 	procs *procs
 	db    *pgtest.DB
 	nats  *natsServer
-	nc    *nats.Conn
+	nc    *nats.Conn // the checker's own connection (poison, copies, consumer info)
 	js    jetstream.JetStream
 
 	workers []*worker
 	lanes   []*lane
 	plan    map[string]int64 // account -> amount, one per press
+	events  []event          // the random-moment faults
+	faults  faultCounts
 
-	faults faultCounts
 	// Set by injectPoison, read after it finished.
 	poison []poison
 	copied map[string]bool // keys of intents whose message was published again
@@ -171,6 +173,10 @@ type run struct {
 func (r *run) logf(format string, args ...any) {
 	r.t.Logf("[%s %6.2fs] %s", r.cfg.name, time.Since(r.start).Seconds(), fmt.Sprintf(format, args...))
 }
+
+// child is a new random stream drawn from the seed's. Children are drawn in a fixed
+// order during set-up, so a seed replays the same schedule.
+func (r *run) child() *rand.Rand { return rand.New(rand.NewPCG(r.rng.Uint64(), r.rng.Uint64())) }
 
 // ingressURL picks one of the ingress workers.
 func (r *run) ingressURL(rng *rand.Rand) string {
@@ -183,163 +189,39 @@ func (r *run) ingressURL(rng *rand.Rand) string {
 	return ws[rng.IntN(len(ws))].url()
 }
 
-// runChaos runs one whole scenario: start, load under faults, settle, check. It
-// prints the figures line and returns the figures; the caller decides what must hold.
+// runChaos runs one whole scenario: start the world, drive the load under faults,
+// let the clients finish, wait for the run to settle, check. It prints the figures
+// line and returns the figures; the caller decides what must hold.
 func runChaos(t *testing.T, cfg config) figures {
-	r := &run{t: t, cfg: cfg, dir: t.TempDir(), start: time.Now()}
+	r := &run{t: t, cfg: cfg, dir: t.TempDir(), start: time.Now(), rng: rand.New(rand.NewPCG(cfg.seed, 0x1de5))}
 	r.logf("seed=%d (replay the schedule with IDEM_CHAOS_SEED=%d) intents=%d duration=%s lanes=%d random_faults=%d",
 		cfg.seed, cfg.seed, cfg.intents, cfg.duration, cfg.lanes, cfg.randomFaults)
-	rng := rand.New(rand.NewPCG(cfg.seed, 0x1de5))
-	child := func() *rand.Rand { return rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) }
-
 	logDir := filepath.Join(r.dir, "logs")
 	if v := os.Getenv("IDEM_CHAOS_LOGDIR"); v != "" {
-		// Keep the logs after the test (t.TempDir is removed).
-		logDir = filepath.Join(v, fmt.Sprintf("%s-%d", cfg.name, cfg.seed))
+		logDir = filepath.Join(v, fmt.Sprintf("%s-%d", cfg.name, cfg.seed)) // kept after the test
 	}
 	r.procs = newProcs(t, logDir)
 	r.logf("logs in %s", logDir)
 	r.db = pgtest.New(t)
 
+	// ctx lives as long as the run; load ends with the load phase (no more faults,
+	// restarted workers come up unarmed).
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-
-	// Ports first, all at once, so no two of ours collide.
-	ports, err := freePorts(1 + len(topology()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0]); err != nil {
-		t.Fatal(err)
-	}
-	r.nc, err = nats.Connect(r.nats.URL(), nats.Name("idem-chaos-checker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatalf("chaos: connect to nats-server: %v", err)
-	}
-	t.Cleanup(r.nc.Close)
-	if r.js, err = jetstream.New(r.nc); err != nil {
-		t.Fatalf("chaos: jetstream: %v", err)
-	}
-
-	// Workers, each supervised. load ends when the load phase does: no more arming.
 	load, endLoad := context.WithCancel(ctx)
 	defer endLoad()
-	for i, spec := range topology() {
-		w, err := newWorker(r, spec, ports[1+i], child())
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.workers = append(r.workers, w)
-	}
-	var supervisors sync.WaitGroup
-	for _, w := range r.workers {
-		supervisors.Add(1)
-		go func() { defer supervisors.Done(); w.supervise(ctx, load) }()
-	}
-	t.Cleanup(func() { cancel(); supervisors.Wait() })
-	if err := r.waitFor(ctx, time.Minute, "every worker to be ready", func() (bool, string, error) {
-		var down []string
-		for _, w := range r.workers {
-			if !w.ready(ctx) {
-				down = append(down, w.spec.name)
-			}
-		}
-		return len(down) == 0, "not ready: " + strings.Join(down, ","), nil
-	}); err != nil {
+
+	if err := r.startWorld(ctx, load); err != nil {
 		t.Fatal(err)
 	}
-	r.logf("nats-server and %d workers ready", len(r.workers))
-
-	// The load: presses spread evenly over the duration, round-robin over lanes.
-	r.plan = map[string]int64{}
-	perLane := make([][]press, cfg.lanes)
-	for i := range cfg.intents {
-		ln := i % cfg.lanes
-		p := press{
-			at:      cfg.duration * time.Duration(i) / time.Duration(cfg.intents),
-			account: fmt.Sprintf("acct-%02d-%06d", ln, i),
-			cents:   100 + rng.Int64N(99_900),
-			drop:    rng.Float64() < cfg.dropShare,
-		}
-		r.plan[p.account] = p.cents
-		perLane[ln] = append(perLane[ln], p)
+	if err := r.planLoad(); err != nil {
+		t.Fatal(err)
 	}
-	for i := range cfg.lanes {
-		l, err := newLane(r, i, perLane[i], child())
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.lanes = append(r.lanes, l)
+	for _, err := range r.driveLoad(ctx, load, endLoad) {
+		t.Errorf("chaos: %v", err)
 	}
-	events := planFaults(child(), cfg.randomFaults, cfg.duration, len(r.workers), len(r.lanes))
-	for _, e := range events {
-		r.logf("schedule: %s", e)
-	}
-	poisonRNG := child()
-	poisonAt := cfg.duration/4 + time.Duration(rng.Int64N(int64(cfg.duration/2)))
-
-	loadStart := time.Now()
-	var (
-		wg       sync.WaitGroup
-		errsMu   sync.Mutex
-		loadErrs []error
-	)
-	report := func(err error) {
-		if err != nil {
-			errsMu.Lock()
-			loadErrs = append(loadErrs, err)
-			errsMu.Unlock()
-		}
-	}
-	lanesDone := make(chan struct{})
-	var laneWG sync.WaitGroup
-	for _, l := range r.lanes {
-		laneWG.Add(1)
-		go func() {
-			defer laneWG.Done()
-			report(l.runLoad(ctx, loadStart))
-		}()
-	}
-	go func() { laneWG.Wait(); close(lanesDone) }()
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		report(r.inject(load, loadStart, events))
-	}()
-	go func() {
-		defer wg.Done()
-		select {
-		case <-time.After(time.Until(loadStart.Add(poisonAt))):
-		case <-ctx.Done():
-			return
-		}
-		report(r.injectPoison(ctx, poisonRNG))
-	}()
-
-	<-lanesDone
-	endLoad() // the schedule stops, restarts come up unarmed
-	wg.Wait()
-	r.logf("load done in %s; finishing the journals", time.Since(loadStart).Round(time.Millisecond))
-
-	// Every client resumes until its journal is done, then lists it.
-	finishCtx, finishCancel := context.WithTimeout(ctx, cfg.settle)
-	defer finishCancel()
-	var journal []intentLine
-	var jmu sync.Mutex
-	for _, l := range r.lanes {
-		laneWG.Add(1)
-		go func() {
-			defer laneWG.Done()
-			report(l.finish(finishCtx))
-			lines, err := l.list(ctx)
-			report(err)
-			jmu.Lock()
-			journal = append(journal, lines...)
-			jmu.Unlock()
-		}()
-	}
-	laneWG.Wait()
-	for _, err := range loadErrs {
+	journal, errs := r.finishJournals(ctx)
+	for _, err := range errs {
 		t.Errorf("chaos: %v", err)
 	}
 	keys := make([]string, len(journal))
@@ -350,7 +232,7 @@ func runChaos(t *testing.T, cfg config) figures {
 
 	settleStart := time.Now()
 	if err := r.settle(ctx, keys); err != nil {
-		t.Errorf("chaos: %v", err)
+		t.Errorf("chaos: %v", err) // the checker still runs: it says what is missing
 	} else {
 		r.logf("settled in %s", time.Since(settleStart).Round(time.Millisecond))
 	}
@@ -367,6 +249,167 @@ func runChaos(t *testing.T, cfg config) figures {
 	fmt.Printf("chaos: run=%s seed=%d elapsed=%s\n%s\n", cfg.name, cfg.seed, time.Since(r.start).Round(time.Second), f)
 	t.Log(f.String())
 	return f
+}
+
+// startWorld starts nats-server, the checker's connection and the supervised
+// workers, and waits until every worker is ready.
+func (r *run) startWorld(ctx, load context.Context) error {
+	ports, err := freePorts(1 + len(topology())) // all at once, so no two of ours collide
+	if err != nil {
+		return err
+	}
+	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0]); err != nil {
+		return err
+	}
+	r.nc, err = nats.Connect(r.nats.URL(), nats.Name("idem-chaos-checker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("chaos: connect to nats-server: %w", err)
+	}
+	r.t.Cleanup(r.nc.Close)
+	if r.js, err = jetstream.New(r.nc); err != nil {
+		return fmt.Errorf("chaos: jetstream: %w", err)
+	}
+
+	for i, spec := range topology() {
+		w, err := newWorker(r, spec, ports[1+i], r.child())
+		if err != nil {
+			return err
+		}
+		r.workers = append(r.workers, w)
+	}
+	sctx, stopSupervisors := context.WithCancel(ctx)
+	var supervisors sync.WaitGroup
+	for _, w := range r.workers {
+		supervisors.Add(1)
+		go func() { defer supervisors.Done(); w.supervise(sctx, load) }()
+	}
+	// Runs before the database is dropped (cleanups run last-registered first).
+	r.t.Cleanup(func() {
+		stopSupervisors() // each kills its worker and returns
+		supervisors.Wait()
+	})
+	err = r.waitFor(ctx, time.Minute, "every worker to be ready", func() (bool, string, error) {
+		var down []string
+		for _, w := range r.workers {
+			if !w.ready(ctx) {
+				down = append(down, w.spec.name)
+			}
+		}
+		return len(down) == 0, "not ready: " + strings.Join(down, ","), nil
+	})
+	if err != nil {
+		return err
+	}
+	r.logf("nats-server and %d workers ready", len(r.workers))
+	return nil
+}
+
+// planLoad draws the presses (spread evenly over the load phase, round-robin over
+// the lanes) and the fault schedule from the seed.
+func (r *run) planLoad() error {
+	r.plan = map[string]int64{}
+	perLane := make([][]press, r.cfg.lanes)
+	for i := range r.cfg.intents {
+		ln := i % r.cfg.lanes
+		p := press{
+			at:      r.cfg.duration * time.Duration(i) / time.Duration(r.cfg.intents),
+			account: fmt.Sprintf("acct-%02d-%06d", ln, i),
+			cents:   100 + r.rng.Int64N(99_900),
+			drop:    r.rng.Float64() < r.cfg.dropShare,
+		}
+		r.plan[p.account] = p.cents
+		perLane[ln] = append(perLane[ln], p)
+	}
+	for i := range r.cfg.lanes {
+		l, err := newLane(r, i, perLane[i], r.child())
+		if err != nil {
+			return err
+		}
+		r.lanes = append(r.lanes, l)
+	}
+	r.events = planFaults(r.child(), r.cfg.randomFaults, r.cfg.duration, len(r.workers), len(r.lanes))
+	for _, e := range r.events {
+		r.logf("schedule: %s", e)
+	}
+	return nil
+}
+
+// driveLoad runs the lanes, the fault schedule and the poison injection side by
+// side, and returns when the lanes have made every press.
+func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
+	poisonRNG := r.child()
+	poisonAt := r.cfg.duration/4 + time.Duration(r.rng.Int64N(int64(r.cfg.duration/2)))
+	r.logf("schedule: @%s poison and copies", poisonAt.Round(time.Millisecond))
+
+	var errs errList
+	start := time.Now()
+	var lanes, others sync.WaitGroup
+	for _, l := range r.lanes {
+		lanes.Add(1)
+		go func() { defer lanes.Done(); errs.add(l.runLoad(ctx, start)) }()
+	}
+	others.Add(2)
+	go func() { defer others.Done(); errs.add(r.inject(load, start, r.events)) }()
+	go func() {
+		defer others.Done()
+		select {
+		case <-time.After(time.Until(start.Add(poisonAt))):
+			errs.add(r.injectPoison(ctx, poisonRNG))
+		case <-ctx.Done():
+		}
+	}()
+	lanes.Wait()
+	endLoad()
+	others.Wait()
+	r.logf("load done in %s; finishing the journals", time.Since(start).Round(time.Millisecond))
+	return errs.list()
+}
+
+// finishJournals has every lane resume until its journal is done, then lists it
+// through the client.
+func (r *run) finishJournals(ctx context.Context) ([]intentLine, []error) {
+	fctx, cancel := context.WithTimeout(ctx, r.cfg.settle)
+	defer cancel()
+	var (
+		errs    errList
+		mu      sync.Mutex
+		journal []intentLine
+		wg      sync.WaitGroup
+	)
+	for _, l := range r.lanes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs.add(l.finish(fctx))
+			lines, err := l.list(ctx)
+			errs.add(err)
+			mu.Lock()
+			journal = append(journal, lines...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return journal, errs.list()
+}
+
+// errList collects errors from goroutines.
+type errList struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (e *errList) add(err error) {
+	if err != nil {
+		e.mu.Lock()
+		e.errs = append(e.errs, err)
+		e.mu.Unlock()
+	}
+}
+
+func (e *errList) list() []error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]error(nil), e.errs...)
 }
 
 // freePorts reserves n distinct loopback ports and releases them for the children.
