@@ -37,13 +37,14 @@ type Config struct {
 	Handler      Handler
 	BatchHandler BatchHandler
 
-	// BatchSize is the most messages processed in one transaction (default 100).
+	// BatchSize is the most messages processed in one transaction (default 250).
 	BatchSize int
 	// Linger is how long a batch waits for more messages after its first one
 	// (default 0: a batch is whatever is already buffered, so a lone message is
 	// never held back).
 	Linger time.Duration
-	// Concurrency is how many batches run at once (default 1).
+	// Concurrency is how many batches run at once (default 2: one commits while
+	// the next is being claimed).
 	Concurrency int
 	// AckWait is how long JetStream waits for an ack before redelivering (default
 	// 30s). Long handlers extend it with in-progress heartbeats.
@@ -103,10 +104,10 @@ func (c Config) validate() error {
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize == 0 {
-		c.BatchSize = 100
+		c.BatchSize = 250
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = 1
+		c.Concurrency = 2
 	}
 	if c.AckWait == 0 {
 		c.AckWait = 30 * time.Second

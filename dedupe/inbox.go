@@ -78,19 +78,29 @@ func ClaimBatch(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim,
 // SetResults stores the handlers' results for keys claimed in tx. Nil results are
 // skipped: the row already says done.
 func SetResults(ctx context.Context, tx pgx.Tx, consumer string, results map[string][]byte) error {
-	keys := make([]string, 0, len(results))
-	vals := make([][]byte, 0, len(results))
+	b := &pgx.Batch{}
 	for k, v := range results {
 		if v == nil {
 			continue
 		}
-		keys = append(keys, k)
-		vals = append(vals, v)
+		b.Queue(sqlSetResult, consumer, k, v)
 	}
-	if len(keys) == 0 {
+	if b.Len() == 0 {
 		return nil
 	}
-	if _, err := tx.Exec(ctx, sqlSetResults, consumer, keys, vals); err != nil {
+	br := tx.SendBatch(ctx, b)
+	for range b.Len() {
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return fmt.Errorf("dedupe: store results: %w", err)
+		}
+		if tag.RowsAffected() != 1 {
+			br.Close()
+			return fmt.Errorf("dedupe: store results: a key was not claimed in this transaction")
+		}
+	}
+	if err := br.Close(); err != nil {
 		return fmt.Errorf("dedupe: store results: %w", err)
 	}
 	return nil

@@ -12,14 +12,19 @@ ORDER BY n
 ON CONFLICT (consumer, key) DO NOTHING
 RETURNING key`
 
-	sqlSetResults = `
-UPDATE idem_inbox AS i SET result = t.r
-FROM unnest($2::text[], $3::bytea[]) AS t(k, r)
-WHERE i.consumer = $1 AND i.key = t.k`
+	// One statement per key, pipelined in one round trip: a full primary-key
+	// equality has no plan but the index probe.
+	sqlSetResult = `UPDATE idem_inbox SET result = $3 WHERE consumer = $1 AND key = $2`
 
+	// One primary-key probe per key, whatever the planner believes about the table:
+	// LIMIT 1 keeps the subquery from being flattened into a join that could scan
+	// every row of the consumer (what a generic plan made on an empty inbox does).
 	sqlLookup = `
-SELECT key, fingerprint, status, result, lease_until, step, created_at, completed_at, expires_at
-FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`
+SELECT i.key, i.fingerprint, i.status, i.result, i.lease_until, i.step, i.created_at, i.completed_at, i.expires_at
+FROM unnest($2::text[]) AS t(k)
+CROSS JOIN LATERAL (
+  SELECT * FROM idem_inbox WHERE consumer = $1 AND key = t.k LIMIT 1
+) AS i`
 )
 
 const sqlUnclaim = `DELETE FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`

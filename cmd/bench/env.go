@@ -201,7 +201,7 @@ func (e *Env) StartMeter(ctx context.Context) (*Meter, error) {
 		return nil, err
 	}
 	if e.cfg.CPUProfile != "" {
-		m.stopProfile, err = startProfile(Options{CPUProfile: e.cfg.CPUProfile}, e.cfg.Scenario)
+		m.stopProfile, err = startProfile(e.cfg.CPUProfile, e.cfg.Scenario)
 		if err != nil {
 			return nil, err
 		}

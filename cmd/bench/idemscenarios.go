@@ -105,7 +105,7 @@ func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, er
 		hi := min(lo+cfg.EnqueueBatch, cfg.N)
 		msgs := make([]idem.Message, 0, hi-lo)
 		for i := lo; i < hi; i++ {
-			msgs = append(msgs, intents[i].message(i))
+			msgs = append(msgs, intents[i].message())
 		}
 		err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, msgs) })
 		if err != nil {

@@ -171,13 +171,10 @@ func profilePath(path, scenario string) string {
 	return strings.TrimSuffix(path, ext) + "." + scenario + ext
 }
 
-// startProfile starts a CPU profile for scenario when -cpuprofile is set; the
-// returned stop is never nil.
-func startProfile(opts Options, scenario string) (stop func(), err error) {
-	if opts.CPUProfile == "" {
-		return func() {}, nil
-	}
-	path := profilePath(opts.CPUProfile, scenario)
+// startProfile starts a CPU profile written to path with scenario inserted before
+// the extension; the returned stop is never nil.
+func startProfile(path, scenario string) (stop func(), err error) {
+	path = profilePath(path, scenario)
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, fmt.Errorf("cpuprofile: %w", err)

@@ -38,8 +38,12 @@ func runParent(ctx context.Context, opts Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "bench: N=%d, scenarios %s, embedded JetStream SyncAlways=%v, one %s per scenario\n",
-		opts.N, strings.Join(opts.Scenarios, ","), opts.SyncAlways, map[bool]string{true: "in-process run", false: "child process"}[opts.InProcess])
+	isolation := "one child process per scenario"
+	if opts.InProcess {
+		isolation = "every scenario in this process"
+	}
+	fmt.Fprintf(os.Stderr, "bench: N=%d, scenarios %s, embedded JetStream SyncAlways=%v, %s\n",
+		opts.N, strings.Join(opts.Scenarios, ","), opts.SyncAlways, isolation)
 	started := time.Now()
 	var results []Result
 	var failures []string
@@ -230,5 +234,6 @@ func optionsMap(o Options) map[string]any {
 		"concurrency": o.Concurrency, "relay_batch": o.RelayBatch, "enqueue_batch": o.EnqueueBatch,
 		"producers": o.Producers, "rate": o.Rate, "rate_batch": o.RateBatch, "dup_drop": o.DupDrop,
 		"dup_ack_wait": o.DupAckWait.String(), "sync_always": o.SyncAlways, "inprocess": o.InProcess,
+		"pg_plan_cache_mode": o.PlanCache,
 	}
 }

@@ -14,9 +14,8 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// headerSeq carries an intent's index through the outbox and JetStream, so the
-// benchmark can match a committed delivery with the time its intent was enqueued.
-const headerSeq = "Bench-Seq"
+// prefillWindow is how many publishes prefill leaves unacknowledged at most.
+const prefillWindow = 1000
 
 // Intent is one charge the benchmark submits.
 type Intent struct {
@@ -43,36 +42,47 @@ func makeIntents(n int) []Intent {
 	return out
 }
 
-// message is the outbox message of intent i.
-func (in Intent) message(seq int) idem.Message {
-	return idem.Message{
-		Key:     in.Key,
-		Subject: idem.SubjectCharge,
-		Headers: map[string]string{headerSeq: strconv.Itoa(seq)},
-		Payload: in.Payload,
+// message is the outbox message of the intent, with no extra headers: the relay
+// adds Idempotency-Key and Nats-Msg-Id.
+func (in Intent) message() idem.Message {
+	return idem.Message{Key: in.Key, Subject: idem.SubjectCharge, Payload: in.Payload}
+}
+
+// indexByKey maps each intent's key to its index, so the benchmark can match a
+// committed delivery with the time its intent was enqueued without adding anything
+// to the message. It is only read once built, so goroutines may share it.
+func indexByKey(intents []Intent) map[string]int {
+	m := make(map[string]int, len(intents))
+	for i, in := range intents {
+		m[in.Key] = i
 	}
+	return m
 }
 
 // prefill publishes one message per intent to the stream, exactly as the relay
-// would (Idempotency-Key and Nats-Msg-Id headers), and waits for every PubAck. It is
-// not timed.
+// would (Idempotency-Key and Nats-Msg-Id headers), and waits for every PubAck. It
+// publishes in windows of prefillWindow so a busy machine never stalls the client's
+// async publish buffer. It is not timed.
 func prefill(ctx context.Context, env *Env, scenario string, intents []Intent) error {
 	start := time.Now()
-	for i, in := range intents {
-		m := nats.NewMsg(idem.SubjectCharge)
-		m.Header.Set(idem.HeaderKey, in.Key)
-		m.Header.Set(jetstream.MsgIDHeader, idem.MsgID(idem.SubjectCharge, in.Key))
-		m.Data = in.Payload
-		if _, err := env.JS.PublishMsgAsync(m); err != nil {
-			return fmt.Errorf("prefill: publish %d: %w", i, err)
+	for lo := 0; lo < len(intents); lo += prefillWindow {
+		for i := lo; i < min(lo+prefillWindow, len(intents)); i++ {
+			in := intents[i]
+			m := nats.NewMsg(idem.SubjectCharge)
+			m.Header.Set(idem.HeaderKey, in.Key)
+			m.Header.Set(jetstream.MsgIDHeader, idem.MsgID(idem.SubjectCharge, in.Key))
+			m.Data = in.Payload
+			if _, err := env.JS.PublishMsgAsync(m); err != nil {
+				return fmt.Errorf("prefill: publish %d: %w", i, err)
+			}
 		}
-	}
-	select {
-	case <-env.JS.PublishAsyncComplete():
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(time.Minute):
-		return fmt.Errorf("prefill: %d PubAcks still pending after a minute", env.JS.PublishAsyncPending())
+		select {
+		case <-env.JS.PublishAsyncComplete():
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Minute):
+			return fmt.Errorf("prefill: %d PubAcks still pending after a minute", env.JS.PublishAsyncPending())
+		}
 	}
 	info, err := env.Stream.Info(ctx)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/smtptest"
 )
 
 // TestChaos runs intents through the real client, ingress, outbox, relay, JetStream
@@ -67,6 +68,7 @@ type config struct {
 	armPerSlot   int           // fault-point incarnations per worker slot (-1: re-arm on restarts)
 	maxK         int           // fault points fire at a random @K in [2, maxK]
 	dropShare    float64       // share of intents sent with --drop-response
+	emailShare   float64       // share of intents that are emails (the rest are charges)
 	copies       int           // re-published copies of intents (must be folded)
 	settle       time.Duration // deadline for the run to come to rest after the load
 	soak         bool
@@ -85,7 +87,7 @@ func loadConfig(t *testing.T) config {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	c := config{intents: 300, duration: 20 * time.Second, lanes: 6, armPerSlot: 1, maxK: 40, dropShare: 0.2}
+	c := config{intents: 300, duration: 20 * time.Second, lanes: 6, armPerSlot: 1, maxK: 40, dropShare: 0.2, emailShare: 0.25}
 	envInt := func(name string, dst *int) {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
@@ -157,10 +159,11 @@ type run struct {
 	nats  *natsServer
 	nc    *nats.Conn // the checker's own connection (poison, copies, consumer info)
 	js    jetstream.JetStream
+	smtp  *smtptest.Server // the mail sink the email consumers send to
 
 	workers []*worker
 	lanes   []*lane
-	plan    map[string]int64 // account -> amount, one per press
+	plan    map[string]press // by account, one per press
 	events  []event          // the random-moment faults
 	faults  faultCounts
 
@@ -244,7 +247,9 @@ func runChaos(t *testing.T, cfg config) figures {
 	r.logf("faults by kind: %v", f.faultsByKind)
 	r.logf("duplicates folded: %d ingress replays + %d inbox folds (%d copies were published); dead letters: %d (%d poison published)",
 		f.replays, f.folds, len(r.copied), f.deadLetters, len(r.poison))
-	r.logf("doubled intents by cause: %v", f.doubledBy)
+	if f.doubled > 0 {
+		r.logf("doubled intents by cause: %v", f.doubledBy)
+	}
 	// One write, so the two lines stay together when both tests print at once.
 	fmt.Printf("chaos: run=%s seed=%d elapsed=%s\n%s\n", cfg.name, cfg.seed, time.Since(r.start).Round(time.Second), f)
 	t.Log(f.String())
@@ -269,6 +274,10 @@ func (r *run) startWorld(ctx, load context.Context) error {
 	if r.js, err = jetstream.New(r.nc); err != nil {
 		return fmt.Errorf("chaos: jetstream: %w", err)
 	}
+	if r.smtp, err = smtptest.New(); err != nil {
+		return err
+	}
+	r.t.Cleanup(r.smtp.Close)
 
 	for i, spec := range topology() {
 		w, err := newWorker(r, spec, ports[1+i], r.child())
@@ -307,17 +316,18 @@ func (r *run) startWorld(ctx, load context.Context) error {
 // planLoad draws the presses (spread evenly over the load phase, round-robin over
 // the lanes) and the fault schedule from the seed.
 func (r *run) planLoad() error {
-	r.plan = map[string]int64{}
+	r.plan = map[string]press{}
 	perLane := make([][]press, r.cfg.lanes)
 	for i := range r.cfg.intents {
 		ln := i % r.cfg.lanes
 		p := press{
 			at:      r.cfg.duration * time.Duration(i) / time.Duration(r.cfg.intents),
+			email:   r.rng.Float64() < r.cfg.emailShare,
 			account: fmt.Sprintf("acct-%02d-%06d", ln, i),
 			cents:   100 + r.rng.Int64N(99_900),
 			drop:    r.rng.Float64() < r.cfg.dropShare,
 		}
-		r.plan[p.account] = p.cents
+		r.plan[p.account] = p
 		perLane[ln] = append(perLane[ln], p)
 	}
 	for i := range r.cfg.lanes {

@@ -14,13 +14,32 @@ import (
 	"time"
 )
 
-// press is one user intent a lane will make: charge account (unique per press, so the
-// checker can tell whose effect a ledger row is) by cents, at offset at into the load.
+// press is one user intent a lane will make at offset at into the load: charge
+// account by cents, or send an email to account@chaos.test. The account is unique
+// per press, so the checker can tell whose effect a ledger row or a mail is.
 type press struct {
 	at      time.Duration
+	email   bool
 	account string
 	cents   int64
 	drop    bool // --drop-response: the first response is lost on the way back
+}
+
+func (p press) recipient() string { return p.account + "@chaos.test" }
+func (p press) subject() string   { return "chaos " + p.account }
+
+// args is the enqueue command line of the press.
+func (p press) args() []string {
+	var args []string
+	if p.email {
+		args = []string{"email", "--to", p.recipient(), "--subject", p.subject(), "--body", "intent " + p.account}
+	} else {
+		args = []string{"charge", "--account", p.account, "--amount-cents", strconv.FormatInt(p.cents, 10)}
+	}
+	if p.drop {
+		args = append(args, "--drop-response")
+	}
+	return args
 }
 
 // lane is one client device: one journal, one enqueue process at a time (the journal
@@ -112,11 +131,7 @@ func (l *lane) runLoad(ctx context.Context, start time.Time) error {
 			}
 			needResume = p.exitCode() != 0
 		}
-		args := []string{"charge", "--account", pr.account, "--amount-cents", strconv.FormatInt(pr.cents, 10)}
-		if pr.drop {
-			args = append(args, "--drop-response")
-		}
-		p, err := l.enqueue(ctx, args...)
+		p, err := l.enqueue(ctx, pr.args()...)
 		if err != nil {
 			return fmt.Errorf("lane %d press %d: %w", l.id, i, err)
 		}
@@ -149,10 +164,30 @@ func (l *lane) finish(ctx context.Context) error {
 
 // intentLine is one line of `enqueue list`.
 type intentLine struct {
-	Key        string `json:"key"`
-	Attempts   int    `json:"attempts"`
-	Status     string `json:"status"`
-	HTTPStatus int    `json:"http_status"`
+	Key        string          `json:"key"`
+	Attempts   int             `json:"attempts"`
+	Status     string          `json:"status"`
+	HTTPStatus int             `json:"http_status"`
+	Response   json.RawMessage `json:"response"`
+}
+
+// kind says what the intent was, from the response the client journaled:
+// "charge" (it has a payment_id), "email" (an email_id), or "" (no response).
+func (il intentLine) kind() string {
+	var r struct {
+		PaymentID *int64 `json:"payment_id"`
+		EmailID   *int64 `json:"email_id"`
+	}
+	if json.Unmarshal(il.Response, &r) != nil {
+		return ""
+	}
+	switch {
+	case r.PaymentID != nil:
+		return "charge"
+	case r.EmailID != nil:
+		return "email"
+	}
+	return ""
 }
 
 // list reads the journal through the client's own contract, `enqueue list`.
