@@ -22,6 +22,10 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run='^$$' -fuzz=FuzzJournalDecode -fuzztime=$(FUZZTIME) ./producer/
 
+## chaos-soak: a long fault-injection run (see test/chaos/README.md)
+chaos-soak:
+	IDEM_CHAOS_INTENTS=20000 IDEM_CHAOS_DURATION=10m $(GO) test -count=1 -timeout 40m -v -run 'TestChaos$$' ./test/chaos/
+
 ## bench: the benchmark program with its baselines (see BENCHMARKS.md)
 bench:
 	$(GO) run ./cmd/bench

@@ -196,7 +196,7 @@ func (r *run) ingressURL(rng *rand.Rand) string {
 // let the clients finish, wait for the run to settle, check. It prints the figures
 // line and returns the figures; the caller decides what must hold.
 func runChaos(t *testing.T, cfg config) figures {
-	r := &run{t: t, cfg: cfg, dir: t.TempDir(), start: time.Now(), rng: rand.New(rand.NewPCG(cfg.seed, 0x1de5))}
+	r := &run{t: t, cfg: cfg, dir: t.TempDir(), start: time.Now(), rng: rand.New(rand.NewPCG(splitmix(cfg.seed), splitmix(^cfg.seed)))}
 	r.logf("seed=%d (replay the schedule with IDEM_CHAOS_SEED=%d) intents=%d duration=%s lanes=%d random_faults=%d",
 		cfg.seed, cfg.seed, cfg.intents, cfg.duration, cfg.lanes, cfg.randomFaults)
 	logDir := filepath.Join(r.dir, "logs")
@@ -223,30 +223,27 @@ func runChaos(t *testing.T, cfg config) figures {
 	for _, err := range r.driveLoad(ctx, load, endLoad) {
 		t.Errorf("chaos: %v", err)
 	}
-	journal, errs := r.finishJournals(ctx)
+	lines, errs := r.finishJournals(ctx)
 	for _, err := range errs {
 		t.Errorf("chaos: %v", err)
 	}
-	keys := make([]string, len(journal))
-	for i, il := range journal {
-		keys[i] = il.Key
-	}
-	r.logf("journals finished: %d intents from %d presses", len(journal), cfg.intents)
+	j := newJournal(lines)
+	r.logf("journals finished: %d intents (%d charges, %d emails) from %d presses", len(j.lines), len(j.charges), len(j.emails), cfg.intents)
 
 	settleStart := time.Now()
-	if err := r.settle(ctx, keys); err != nil {
+	if err := r.settle(ctx, j); err != nil {
 		t.Errorf("chaos: %v", err) // the checker still runs: it says what is missing
 	} else {
 		r.logf("settled in %s", time.Since(settleStart).Round(time.Millisecond))
 	}
 
-	f, err := r.check(ctx, journal)
+	f, err := r.check(ctx, j)
 	if err != nil {
 		t.Fatalf("chaos: check: %v", err)
 	}
 	r.logf("faults by kind: %v", f.faultsByKind)
-	r.logf("duplicates folded: %d ingress replays + %d inbox folds (%d copies were published); dead letters: %d (%d poison published)",
-		f.replays, f.folds, len(r.copied), f.deadLetters, len(r.poison))
+	r.logf("duplicates folded: %d ingress replays + %d inbox folds (%d copies were published) + %d mail re-sends with the same Message-ID (%d raw mails for %d emails); dead letters: %d (%d poison published)",
+		f.replays, f.folds, len(r.copied), f.resends, f.smtpDeliveries, f.emails, f.deadLetters, len(r.poison))
 	if f.doubled > 0 {
 		r.logf("doubled intents by cause: %v", f.doubledBy)
 	}
@@ -420,6 +417,15 @@ func (e *errList) list() []error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return append([]error(nil), e.errs...)
+}
+
+// splitmix scrambles a seed, so that seeds close to each other (two runs started in
+// the same second) still draw unrelated schedules.
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
 }
 
 // freePorts reserves n distinct loopback ports and releases them for the children.

@@ -8,26 +8,32 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/demo"
 )
 
 // figures are what one run measured. The first seven are the figures line.
 type figures struct {
 	intents     int // intents in the clients' journals (a press killed before its journal write is no intent)
 	faults      int // faults that really happened: fault points fired + injected kills, restarts, terminations
-	effects     int // ledger_entries rows
-	folded      int // duplicates_folded: repeats folded at a unique constraint (see README)
+	effects     int // ledger_entries rows + distinct Message-IDs the mail sink accepted
+	folded      int // duplicates_folded: repeats folded instead of taking effect again (see README)
 	deadLetters int // idem_dead_letters rows
 	lost        int // intents with no effect
 	doubled     int // intents with more than one effect
 
 	notDone        []string // journal entries not done (the client gave up or never heard back)
-	stray          []string // effects whose key is no intent
-	wrongPayload   []string // effects whose account/amount is not what the intent asked for
+	stray          []string // effects that belong to no intent
+	wrongPayload   []string // effects that are not what their intent asked for
 	poisonMissing  []string // injected poison that is not a dead letter
 	poisonExtra    []string // dead letters that are no injected poison
+	charges        int      // intents by kind
+	emails         int
 	faultsByKind   map[string]int
-	replays, folds int            // the two parts of folded
+	replays        int            // HTTP repeats answered from idem_requests
+	folds          int            // deliveries folded by the idem_inbox claim
+	resends        int            // SMTP re-sends with the same Message-ID, folded by the mail system
 	doubledBy      map[string]int // why a doubled intent was delivered again, as far as the suite knows
+	smtpDeliveries int            // raw messages the mail sink accepted
 }
 
 func (f figures) String() string {
@@ -55,6 +61,28 @@ func (f figures) problems() []string {
 	add("poison messages not dead-lettered", f.poisonMissing)
 	add("dead letters that are no injected poison", f.poisonExtra)
 	return ps
+}
+
+// journal is every intent the clients made, split by kind.
+type journal struct {
+	lines   []intentLine
+	charges []string // keys
+	emails  []string
+}
+
+// newJournal sorts the lines by kind (known from the response the client journaled).
+// An intent that is not done has no response and no kind: the checker reports it.
+func newJournal(lines []intentLine) journal {
+	j := journal{lines: lines}
+	for _, il := range lines {
+		switch il.kind() {
+		case "charge":
+			j.charges = append(j.charges, il.Key)
+		case "email":
+			j.emails = append(j.emails, il.Key)
+		}
+	}
+	return j
 }
 
 // waitFor polls cond until it holds or timeout passes, saying every 10s what it is
@@ -85,51 +113,82 @@ func (r *run) waitFor(ctx context.Context, timeout time.Duration, what string, c
 	}
 }
 
-// settle waits until the run has come to rest: the outbox is fully published, every
-// intent has an effect (and, with the inbox on, an inbox row), the durable consumer
-// has nothing pending or unacknowledged (so no redelivery is still on its way), and
-// every poison message has been dealt with. A lost intent makes this time out; the
-// checker then reports it.
-func (r *run) settle(ctx context.Context, keys []string) error {
+// settle waits until the run has come to rest: the outbox is fully published,
+// every intent has an effect (a ledger row, a mail with its Message-ID) and, where
+// the inbox is on, an inbox row; every poison message has been dealt with; and the
+// durable consumers have nothing pending or unacknowledged (so no redelivery is
+// still on its way). A lost intent makes this time out; the checker then reports it.
+func (r *run) settle(ctx context.Context, j journal) error {
+	mailIDs := make([]string, len(j.emails))
+	for i, k := range j.emails {
+		mailIDs[i] = demo.MessageID(k)
+	}
 	return r.waitFor(ctx, r.cfg.settle, "the run to settle", func() (bool, string, error) {
-		var unpublished, withEffect, inbox, dead int
+		var unpublished, charged, chargesInbox, emailsInbox, dead int
 		err := r.db.Pool.QueryRow(ctx, `
 SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
        (SELECT count(DISTINCT idempotency_key) FROM ledger_entries WHERE idempotency_key = ANY($1)),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'charges'),
-       (SELECT count(*) FROM idem_dead_letters)`, keys).Scan(&unpublished, &withEffect, &inbox, &dead)
+       (SELECT count(*) FROM idem_inbox WHERE consumer = 'emails' AND status = 'done'),
+       (SELECT count(*) FROM idem_dead_letters)`, j.charges).Scan(&unpublished, &charged, &chargesInbox, &emailsInbox, &dead)
 		if err != nil {
 			return false, "", err
+		}
+		mailed := 0
+		for _, id := range mailIDs {
+			if r.smtp.DeliveriesOf(id) > 0 {
+				mailed++
+			}
 		}
 		var missing []string
 		if unpublished > 0 {
 			missing = append(missing, fmt.Sprintf("%d outbox rows unpublished", unpublished))
 		}
-		if withEffect < len(keys) {
-			missing = append(missing, fmt.Sprintf("%d of %d intents without an effect", len(keys)-withEffect, len(keys)))
+		if charged < len(j.charges) {
+			missing = append(missing, fmt.Sprintf("%d of %d charges without a ledger row", len(j.charges)-charged, len(j.charges)))
 		}
-		if !r.cfg.negative && inbox < len(keys) {
-			missing = append(missing, fmt.Sprintf("inbox has %d of %d keys", inbox, len(keys)))
+		if mailed < len(j.emails) {
+			missing = append(missing, fmt.Sprintf("%d of %d emails not mailed", len(j.emails)-mailed, len(j.emails)))
+		}
+		if !r.cfg.negative && chargesInbox < len(j.charges) {
+			missing = append(missing, fmt.Sprintf("charges inbox has %d of %d keys", chargesInbox, len(j.charges)))
+		}
+		if emailsInbox < len(j.emails) {
+			missing = append(missing, fmt.Sprintf("emails inbox has %d of %d keys done", emailsInbox, len(j.emails)))
 		}
 		if want := r.expectedDeadLetters(); dead < want {
 			missing = append(missing, fmt.Sprintf("%d of %d dead letters", dead, want))
 		}
-		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		c, err := r.js.Consumer(ictx, idem.StreamName, "charges")
-		if err != nil {
-			missing = append(missing, fmt.Sprintf("consumer info: %v", err))
-		} else if info, err := c.Info(ictx); err != nil {
-			missing = append(missing, fmt.Sprintf("consumer info: %v", err))
-		} else if info.NumPending > 0 || info.NumAckPending > 0 {
-			missing = append(missing, fmt.Sprintf("consumer has %d pending, %d unacknowledged (a redelivery waits out AckWait)", info.NumPending, info.NumAckPending))
+		for _, name := range []string{"charges", "emails"} {
+			if m := r.consumerBusy(ctx, name); m != "" {
+				missing = append(missing, m)
+			}
 		}
 		return len(missing) == 0, strings.Join(missing, "; "), nil
 	})
 }
 
+// consumerBusy says what the durable consumer name still has in flight, or "".
+func (r *run) consumerBusy(ctx context.Context, name string) string {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := r.js.Consumer(ctx, idem.StreamName, name)
+	if err != nil {
+		return fmt.Sprintf("consumer %s: %v", name, err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		return fmt.Sprintf("consumer %s: %v", name, err)
+	}
+	if info.NumPending > 0 || info.NumAckPending > 0 {
+		return fmt.Sprintf("consumer %s has %d pending, %d unacknowledged (a redelivery waits out AckWait)", name, info.NumPending, info.NumAckPending)
+	}
+	return ""
+}
+
 // expectedDeadLetters is how many dead letters a settled run has: every poison
-// message, except in the negative control the mismatch, which runs as an effect.
+// message, except in the negative control the charge mismatch, which runs as an
+// effect there.
 func (r *run) expectedDeadLetters() int {
 	if r.cfg.negative {
 		return len(r.poison) - 1
@@ -137,52 +196,64 @@ func (r *run) expectedDeadLetters() int {
 	return len(r.poison)
 }
 
-// check reads the database and the logs and computes the figures. It reads
-// everything itself: nothing the workers report about themselves is trusted for
-// lost or doubled.
-func (r *run) check(ctx context.Context, journal []intentLine) (figures, error) {
-	f := figures{intents: len(journal), faultsByKind: map[string]int{}, doubledBy: map[string]int{}}
+// check reads the database, the mail sink and the logs and computes the figures. It
+// reads everything itself: nothing the workers report about themselves is trusted
+// for lost or doubled.
+func (r *run) check(ctx context.Context, j journal) (figures, error) {
+	f := figures{intents: len(j.lines), charges: len(j.charges), emails: len(j.emails),
+		faultsByKind: map[string]int{}, doubledBy: map[string]int{}}
+	for _, il := range j.lines {
+		if il.Status != "done" || il.kind() == "" {
+			f.notDone = append(f.notDone, fmt.Sprintf("%s (%s after %d attempts, response %s)", il.Key, il.Status, il.Attempts, il.Response))
+		}
+	}
+	if err := r.checkCharges(ctx, j, &f); err != nil {
+		return f, err
+	}
+	r.checkEmails(j, &f)
+	if err := r.checkDeadLetters(ctx, &f); err != nil {
+		return f, err
+	}
+	return f, r.countFromLogs(&f)
+}
+
+// checkCharges: every charge intent has exactly one ledger row, with its amount.
+func (r *run) checkCharges(ctx context.Context, j journal, f *figures) error {
+	isCharge := make(map[string]bool, len(j.charges))
+	for _, k := range j.charges {
+		isCharge[k] = true
+	}
 	mismatchKey := ""
 	for _, p := range r.poison {
 		if p.mismatch {
 			mismatchKey = p.key
 		}
 	}
-	isIntent := make(map[string]bool, len(journal))
-	for _, il := range journal {
-		isIntent[il.Key] = true
-		if il.Status != "done" {
-			f.notDone = append(f.notDone, fmt.Sprintf("%s (%s after %d attempts)", il.Key, il.Status, il.Attempts))
-		}
-	}
-
-	// Effects, by the key the client journaled.
 	rows, err := r.db.Pool.Query(ctx, `SELECT idempotency_key, account, amount_cents FROM ledger_entries ORDER BY id`)
 	if err != nil {
-		return f, fmt.Errorf("read ledger: %w", err)
+		return fmt.Errorf("read ledger: %w", err)
 	}
+	defer rows.Close()
 	effects := map[string]int{}
 	for rows.Next() {
 		var key, account string
 		var cents int64
 		if err := rows.Scan(&key, &account, &cents); err != nil {
-			rows.Close()
-			return f, fmt.Errorf("read ledger: %w", err)
+			return fmt.Errorf("read ledger: %w", err)
 		}
 		f.effects++
 		effects[key]++
-		if !isIntent[key] {
-			f.stray = append(f.stray, fmt.Sprintf("%q (account %s)", key, account))
+		if !isCharge[key] {
+			f.stray = append(f.stray, fmt.Sprintf("ledger row for %q (account %s)", key, account))
 		}
-		if want, ok := r.plan[account]; !ok || want != cents {
-			f.wrongPayload = append(f.wrongPayload, fmt.Sprintf("%s: account %s amount %d", key, account, cents))
+		if p, ok := r.plan[account]; !ok || p.email || p.cents != cents {
+			f.wrongPayload = append(f.wrongPayload, fmt.Sprintf("ledger row for %s: account %s amount %d", key, account, cents))
 		}
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
-		return f, fmt.Errorf("read ledger: %w", err)
+		return fmt.Errorf("read ledger: %w", err)
 	}
-	for key := range isIntent {
+	for _, key := range j.charges {
 		switch n := effects[key]; {
 		case n == 0:
 			f.lost++
@@ -198,8 +269,63 @@ func (r *run) check(ctx context.Context, journal []intentLine) (figures, error) 
 			}
 		}
 	}
+	return nil
+}
 
-	// Dead letters against the injected poison, as multisets of (key, payload).
+// checkEmails: every email intent reached the mail sink under the Message-ID derived
+// from its key, to its recipient with its subject, and each recipient (one per
+// intent) got one distinct message. Re-sends of the same Message-ID are what a
+// worker killed between the send and its completion leaves; a mail system folds
+// them, and they are counted as such.
+func (r *run) checkEmails(j journal, f *figures) {
+	keyOf := make(map[string]string, len(j.emails)) // Message-ID -> key
+	for _, k := range j.emails {
+		keyOf[demo.MessageID(k)] = k
+	}
+	deliveries := map[string]int{}      // key -> raw messages
+	ids := map[string]map[string]bool{} // recipient -> distinct Message-IDs
+	for _, m := range r.smtp.Messages() {
+		f.smtpDeliveries++
+		rcpt := strings.Join(m.To, ",")
+		if ids[rcpt] == nil {
+			ids[rcpt] = map[string]bool{}
+		}
+		ids[rcpt][m.MessageID] = true
+		key, ok := keyOf[m.MessageID]
+		if !ok {
+			f.stray = append(f.stray, fmt.Sprintf("mail %s to %s", m.MessageID, rcpt))
+			continue
+		}
+		deliveries[key]++
+		if deliveries[key] > 1 {
+			continue // a re-send: same message
+		}
+		f.effects++
+		account, _, _ := strings.Cut(rcpt, "@")
+		p, ok := r.plan[account]
+		if !ok || !p.email || rcpt != p.recipient() || m.Header.Get("Subject") != p.subject() {
+			f.wrongPayload = append(f.wrongPayload, fmt.Sprintf("mail for %s: to %s subject %q", key, rcpt, m.Header.Get("Subject")))
+		}
+	}
+	for _, k := range j.emails {
+		switch n := deliveries[k]; {
+		case n == 0:
+			f.lost++
+		case n > 1:
+			f.resends += n - 1
+		}
+	}
+	for rcpt, set := range ids {
+		if len(set) > 1 {
+			f.doubled++
+			f.doubledBy["second message to "+rcpt]++
+		}
+	}
+}
+
+// checkDeadLetters compares the dead letters with the injected poison, as multisets
+// of (key, payload).
+func (r *run) checkDeadLetters(ctx context.Context, f *figures) error {
 	expected := map[string]int{}
 	names := map[string]string{}
 	for _, p := range r.poison {
@@ -207,16 +333,16 @@ func (r *run) check(ctx context.Context, journal []intentLine) (figures, error) 
 		expected[id]++
 		names[id] = p.why
 	}
-	drows, err := r.db.Pool.Query(ctx, `SELECT key, payload, reason FROM idem_dead_letters ORDER BY id`)
+	rows, err := r.db.Pool.Query(ctx, `SELECT consumer, key, payload, reason FROM idem_dead_letters ORDER BY id`)
 	if err != nil {
-		return f, fmt.Errorf("read dead letters: %w", err)
+		return fmt.Errorf("read dead letters: %w", err)
 	}
-	for drows.Next() {
-		var key, reason string
+	defer rows.Close()
+	for rows.Next() {
+		var consumer, key, reason string
 		var payload []byte
-		if err := drows.Scan(&key, &payload, &reason); err != nil {
-			drows.Close()
-			return f, fmt.Errorf("read dead letters: %w", err)
+		if err := rows.Scan(&consumer, &key, &payload, &reason); err != nil {
+			return fmt.Errorf("read dead letters: %w", err)
 		}
 		f.deadLetters++
 		id := key + "\x00" + string(payload)
@@ -224,11 +350,10 @@ func (r *run) check(ctx context.Context, journal []intentLine) (figures, error) 
 			expected[id]--
 			continue
 		}
-		f.poisonExtra = append(f.poisonExtra, fmt.Sprintf("key %q payload %q: %s", key, payload, reason))
+		f.poisonExtra = append(f.poisonExtra, fmt.Sprintf("%s: key %q payload %q: %s", consumer, key, payload, reason))
 	}
-	drows.Close()
-	if err := drows.Err(); err != nil {
-		return f, fmt.Errorf("read dead letters: %w", err)
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read dead letters: %w", err)
 	}
 	for id, n := range expected {
 		for range n {
@@ -236,19 +361,29 @@ func (r *run) check(ctx context.Context, journal []intentLine) (figures, error) 
 		}
 	}
 	sort.Strings(f.poisonMissing)
+	return nil
+}
 
-	// Faults: fault points that fired (the worker says so on stderr just before it
-	// SIGKILLs itself) plus what the schedule did from outside.
-	points := []string{"effect.before-commit", "consumer.after-commit", "relay.after-publish", "ingress.after-commit"}
-	needles := []string{`msg="middleware: replayed"`, `msg="duplicate folded"`}
-	for _, p := range points {
+// faultPoints are the deterministic fault points the suite arms.
+func faultPoints() []string {
+	return []string{"effect.before-commit", "consumer.after-commit", "email.after-send", "relay.after-publish"}
+}
+
+// countFromLogs counts the fault points that fired (the worker says so on stderr
+// just before it SIGKILLs itself), adds what the schedule did from outside, and
+// counts the folded repeats: HTTP replays and inbox folds, which the workers log at
+// debug level, plus the mail re-sends counted by checkEmails.
+func (r *run) countFromLogs(f *figures) error {
+	const replayed, folded = `msg="middleware: replayed"`, `msg="duplicate folded"`
+	needles := []string{replayed, folded}
+	for _, p := range faultPoints() {
 		needles = append(needles, "faults: "+p+" fired")
 	}
 	counts, err := r.procs.countInLogs("worker-", needles...)
 	if err != nil {
-		return f, err
+		return err
 	}
-	for _, p := range points {
+	for _, p := range faultPoints() {
 		f.faultsByKind[p] = counts["faults: "+p+" fired"]
 	}
 	f.faultsByKind["sigkill-worker"] = int(r.faults.workerKills.Load())
@@ -258,12 +393,9 @@ func (r *run) check(ctx context.Context, journal []intentLine) (figures, error) 
 	for _, n := range f.faultsByKind {
 		f.faults += n
 	}
-
-	// duplicates_folded = HTTP repeats answered from idem_requests + deliveries
-	// folded by the idem_inbox claim.
-	f.replays, f.folds = counts[needles[0]], counts[needles[1]]
-	f.folded = f.replays + f.folds
-	return f, nil
+	f.replays, f.folds = counts[replayed], counts[folded]
+	f.folded = f.replays + f.folds + f.resends
+	return nil
 }
 
 func abbreviate(xs []string, n int) string {

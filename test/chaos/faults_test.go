@@ -69,7 +69,7 @@ func planFaults(rng *rand.Rand, n int, load time.Duration, workers, lanes int) [
 			e.pause = time.Duration(200+rng.IntN(1800)) * time.Millisecond
 		case killClient:
 			e.target = rng.IntN(lanes)
-			e.pause = time.Duration(10+rng.IntN(70)) * time.Millisecond
+			e.pause = time.Duration(3+rng.IntN(25)) * time.Millisecond // an enqueue lives ~15-30 ms
 		}
 		events = append(events, e)
 	}
@@ -148,7 +148,8 @@ type poison struct {
 	why      string
 	key      string
 	payload  []byte
-	mismatch bool // the key of an intent with another payload
+	subject  string // default idem.payments.charge
+	mismatch bool   // the key of an intent with another payload
 }
 
 // injectPoison publishes the poison messages, and copies of some intents' messages
@@ -182,9 +183,15 @@ func (r *run) injectPoison(ctx context.Context, rng *rand.Rand) error {
 		{why: "payload with an unknown field", key: idem.NewKey().String(), payload: []byte(`{"account":"` + tag + `-unknown","amount_cents":100,"currency":"EUR"}`)},
 		{why: "negative amount", key: idem.NewKey().String(), payload: charge(tag+"-negative", -5)},
 		{why: "same key as an intent, different payload", key: key, payload: charge(account, cents+1), mismatch: true},
+		{why: "email without Idempotency-Key", subject: idem.SubjectEmail, payload: []byte(`{"to":"` + tag + `@chaos.test","subject":"nokey","body":""}`)},
+		{why: "email to no address", subject: idem.SubjectEmail, key: idem.NewKey().String(), payload: []byte(`{"to":"` + tag + ` not an address","subject":"bad","body":""}`)},
 	}
 	for i, p := range r.poison {
-		msg := nats.NewMsg(idem.SubjectCharge)
+		subject := idem.SubjectCharge
+		if p.subject != "" {
+			subject = p.subject
+		}
+		msg := nats.NewMsg(subject)
 		if p.key != "" {
 			msg.Header.Set(idem.HeaderKey, p.key)
 		}

@@ -49,7 +49,6 @@ type worker struct {
 	cur         *proc
 	incarnation int
 	armed       int // incarnations started with a fault point
-	stopped     chan struct{}
 }
 
 func newWorker(r *run, spec workerSpec, port int, rng *rand.Rand) (*worker, error) {
@@ -57,7 +56,6 @@ func newWorker(r *run, spec workerSpec, port int, rng *rand.Rand) (*worker, erro
 		r: r, spec: spec, rng: rng,
 		httpAddr: fmt.Sprintf("127.0.0.1:%d", port),
 		dataDir:  filepath.Join(r.dir, "workers", spec.name),
-		stopped:  make(chan struct{}),
 	}
 	if err := os.MkdirAll(w.dataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("chaos: worker %s data dir: %w", spec.name, err)
@@ -109,7 +107,6 @@ func (w *worker) nextFaults(loadRunning bool) string {
 // supervise runs incarnations until ctx ends; load is done when the load phase is
 // over (no more arming).
 func (w *worker) supervise(ctx, load context.Context) {
-	defer close(w.stopped)
 	for ctx.Err() == nil {
 		faults := w.nextFaults(load.Err() == nil)
 		p, err := w.start(faults)
