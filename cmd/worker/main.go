@@ -100,6 +100,8 @@ func (o *options) logger(w io.Writer) (*slog.Logger, error) {
 const usage = `usage:
   worker [flags]                       run the service (ingress, relay, consumers)
   worker migrate [flags]               apply the schema and exit
+  worker inspect [--scope S] KEY       print everything known about one key
+  worker stats [--json]                counts and lags (outbox backlog, inbox, dead letters)
   worker healthcheck [flags]           exit 0 if the worker at --http-addr is ready
   worker dead-letters list [flags]     list dead letters (newest first)
   worker dead-letters replay [flags] ID
@@ -121,6 +123,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runMigrate(args, stdout, stderr)
 	case "dead-letters":
 		err = runDeadLetters(args, stdout, stderr)
+	case "inspect":
+		err = runInspect(args, stdout, stderr)
+	case "stats":
+		err = runStats(args, stdout, stderr)
 	case "healthcheck":
 		err = runHealthcheck(args, stderr)
 	case "help":
