@@ -157,10 +157,16 @@ func parse(name string, args []string, stderr io.Writer) (*options, []string, er
 }
 
 func runService(args []string, stderr io.Writer) error {
-	o, rest, err := parse("worker", args, stderr)
-	if err != nil {
+	fs, o := newFlagSet("worker", stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	rest := fs.Args()
+	// With no database named at all, a fresh machine gets a private Postgres when
+	// none answers at the default URL.
+	explicitDB := os.Getenv("DATABASE_URL") != ""
+	fs.Visit(func(f *flag.Flag) { explicitDB = explicitDB || f.Name == "database-url" })
 	if len(rest) > 0 {
 		return fmt.Errorf("unexpected arguments %q", rest)
 	}
@@ -168,18 +174,19 @@ func runService(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fs, err := faults.FromEnv()
+	fset, err := faults.FromEnv()
 	if err != nil {
 		return err
 	}
 	cfg := service.Config{
-		DatabaseURL: o.databaseURL,
-		NATSURL:     o.natsURL,
-		DataDir:     o.dataDir,
-		HTTPAddr:    o.httpAddr,
-		SMTPAddr:    o.smtpAddr,
-		Faults:      fs,
-		Logger:      log,
+		PrivatePostgres: !explicitDB,
+		DatabaseURL:     o.databaseURL,
+		NATSURL:         o.natsURL,
+		DataDir:         o.dataDir,
+		HTTPAddr:        o.httpAddr,
+		SMTPAddr:        o.smtpAddr,
+		Faults:          fset,
+		Logger:          log,
 	}
 	if err := applyRoles(&cfg, o.roles); err != nil {
 		return err

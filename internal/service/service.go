@@ -30,6 +30,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/metrics"
+	"github.com/idemkit/idem/internal/pglocal"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -43,6 +44,11 @@ const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=
 type Config struct {
 	// DatabaseURL (default DefaultDatabaseURL).
 	DatabaseURL string
+	// PrivatePostgres: when no Postgres answers at DatabaseURL, start a private
+	// cluster from the machine's PostgreSQL binaries under DataDir/postgres and use
+	// it instead (the zero-setup start; cmd/worker sets it when DATABASE_URL was not
+	// given).
+	PrivatePostgres bool
 	// NATSURL: empty starts an embedded JetStream server with its store under
 	// DataDir/jetstream.
 	NATSURL string
@@ -123,6 +129,7 @@ type Service struct {
 	NC   *nats.Conn
 	JS   jetstream.JetStream
 	nats *embeddednats.Server // nil with an external server
+	pg   *pglocal.Cluster     // nil unless a private cluster was started
 	// Metrics is the worker's Prometheus registry, served on /metrics.
 	Metrics *metrics.Metrics
 	http    *http.Server
@@ -211,7 +218,24 @@ func (s *Service) connect(ctx context.Context) error {
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
-		return fmt.Errorf("service: no Postgres answers at %s: %w (start one, or use docker-compose.yml)", redact(s.cfg.DatabaseURL), err)
+		if !s.cfg.PrivatePostgres {
+			return fmt.Errorf("service: no Postgres answers at %s: %w (start one, or use docker-compose.yml)", redact(s.cfg.DatabaseURL), err)
+		}
+		pool.Close()
+		s.log.Info("no Postgres answers at DATABASE_URL; starting a private one", "url", redact(s.cfg.DatabaseURL), "err", err)
+		pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(s.cfg.DataDir, "postgres"), Logger: s.log})
+		if err != nil {
+			return fmt.Errorf("service: no Postgres at %s, and no private one: %w", redact(s.cfg.DatabaseURL), err)
+		}
+		s.pg = pg
+		if pool, err = pgxpool.New(ctx, pg.URL()); err != nil {
+			return fmt.Errorf("service: private Postgres: %w", err)
+		}
+		s.Pool = pool
+		if err := pool.Ping(pingCtx); err != nil {
+			return fmt.Errorf("service: private Postgres at %s: %w", pg.URL(), err)
+		}
+		s.log.Info("using the private Postgres", "url", pg.URL())
 	}
 	applied, err := migrations.Apply(ctx, pool)
 	if err != nil {
@@ -480,6 +504,11 @@ func (s *Service) closeConns() {
 	}
 	if s.Pool != nil {
 		s.Pool.Close()
+	}
+	if s.pg != nil {
+		if err := s.pg.Stop(context.Background()); err != nil {
+			s.log.Warn("stopping the private Postgres", "err", err)
+		}
 	}
 }
 
