@@ -180,8 +180,9 @@ func TestClientRetriesKeepKey(t *testing.T) {
 			j := journalOpenT(t, filepath.Join(t.TempDir(), "j"))
 			cfg := clientTestConfig(t, f, j)
 			cfg.Scope = "tenant-a"
+			wantAttempts := 3
 			if name == "timeout" {
-				cfg.Timeout = 50 * time.Millisecond
+				cfg.Timeout = 300 * time.Millisecond
 			}
 			c := newClientT(t, cfg)
 
@@ -189,8 +190,11 @@ func TestClientRetriesKeepKey(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Submit: %v", err)
 			}
-			if res.Status != IntentDone || res.HTTPStatus != http.StatusAccepted || res.Attempts != 3 {
-				t.Fatalf("result = %+v, want done, 202, 3 attempts", res)
+			// A loaded machine may time out the good attempt too: then there is one
+			// more attempt, still with the same key (checked below).
+			if res.Status != IntentDone || res.HTTPStatus != http.StatusAccepted || res.Attempts < wantAttempts ||
+				(name != "timeout" && res.Attempts != wantAttempts) {
+				t.Fatalf("result = %+v, want done, 202, %d attempts", res, wantAttempts)
 			}
 			seen, executed := f.snapshot()
 			if want := idem.ScopedKey("tenant-a", res.Key); len(clientDistinct(seen)) != 1 || seen[0] != want {

@@ -67,25 +67,45 @@ func TestTraceContextAndMetrics(t *testing.T) {
 		return false
 	})
 
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	text := string(raw)
-	for _, want := range []string{
+	wants := []string{
 		`idem_consumer_messages_total{consumer="charges",outcome="processed"} 1`,
 		`idem_ingress_requests_total{outcome="new"} 1`,
 		`idem_ingress_requests_total{outcome="replayed"} 1`,
 		`idem_outbox_pending_rows 0`,
 		`idem_relay_messages_total{result="published"} 1`,
 		`idem_relay_batch_duration_seconds_count`,
-	} {
-		if !strings.Contains(text, want) {
-			t.Errorf("/metrics lacks %q", want)
-		}
 	}
+	// The relay counts its batch after its own commit, which may come after the
+	// consumer has already processed the message: wait for the figures to settle.
+	var missing []string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		missing = missing[:0]
+		text := scrape(t, base+"/metrics")
+		for _, want := range wants {
+			if !strings.Contains(text, want) {
+				missing = append(missing, want)
+			}
+		}
+		if len(missing) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(missing) > 0 {
+		t.Errorf("/metrics lacks %q", missing)
+	}
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return string(raw)
 }
 
 // /readyz answers 200 while Postgres and NATS answer.
