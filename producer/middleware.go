@@ -83,7 +83,8 @@ type MiddlewareConfig struct {
 	// idem_requests.expires_at. After it, the key may be claimed afresh. It must
 	// outlast every window in which the same intent can still arrive (client
 	// retries, resume after a restart), so keep it long and bound storage by
-	// retention (PurgeExpired) instead. Default 48h.
+	// retention (dedupe.Collector deletes expired records in small batches)
+	// instead. Default 48h.
 	KeyLifetime time.Duration
 
 	// Wait is how long a concurrent duplicate waits for the first arrival with the
@@ -186,19 +187,6 @@ func NewMiddleware(pool *pgxpool.Pool, cfg MiddlewareConfig) (*Middleware, error
 // KeyLifetime returns the configured key lifetime, so a service can check at start
 // that it outlasts its other retry windows.
 func (m *Middleware) KeyLifetime() time.Duration { return m.cfg.KeyLifetime }
-
-// PurgeExpired deletes up to batch expired records and reports how many it deleted.
-// Call it in a loop until it returns 0; rows locked by a running request are skipped.
-func (m *Middleware) PurgeExpired(ctx context.Context, batch int) (int64, error) {
-	if batch <= 0 {
-		return 0, fmt.Errorf("middleware: purge: batch %d must be positive", batch)
-	}
-	tag, err := m.pool.Exec(ctx, sqlRequestPurge, batch)
-	if err != nil {
-		return 0, fmt.Errorf("middleware: purge: %w", err)
-	}
-	return tag.RowsAffected(), nil
-}
 
 // Wrap returns next guarded by the protocol.
 //

@@ -45,15 +45,4 @@ WHERE scope = $1 AND key = $2 AND expires_at <= now()`
 UPDATE idem_requests
 SET status = 'done', response_code = $3, response_headers = $4, response_body = $5
 WHERE scope = $1 AND key = $2`
-
-	// sqlRequestPurge deletes one batch of expired records. Retention deletes in
-	// batches so a backlog never becomes one long transaction holding many locks.
-	sqlRequestPurge = `
-DELETE FROM idem_requests
-WHERE (scope, key) IN (
-    SELECT scope, key FROM idem_requests
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED)`
 )

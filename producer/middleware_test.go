@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/producer"
 )
@@ -545,7 +546,7 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 }
 
 // TestMiddlewareExpiredKey: after its lifetime a key names nothing; the next request
-// with it executes afresh (with any payload), and PurgeExpired removes old records.
+// with it executes afresh (with any payload), and the collector removes old records.
 func TestMiddlewareExpiredKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
@@ -573,12 +574,13 @@ func TestMiddlewareExpiredKey(t *testing.T) {
 	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_requests SET expires_at = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
 	}
-	n, err := mw.PurgeExpired(context.Background(), 100)
-	if err != nil || n != 1 {
-		t.Fatalf("PurgeExpired = %d, %v; want 1", n, err)
+	// Retention is the collector's job, for requests as for inbox and outbox rows.
+	collector := dedupe.NewCollector(db.Pool, dedupe.CollectorConfig{})
+	if n, err := collector.CollectOnce(context.Background()); err != nil || n != 1 {
+		t.Fatalf("CollectOnce = %d, %v; want 1", n, err)
 	}
-	if n, err := mw.PurgeExpired(context.Background(), 100); err != nil || n != 0 {
-		t.Fatalf("second PurgeExpired = %d, %v; want 0", n, err)
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests`); n != 0 {
+		t.Fatalf("idem_requests rows after collection = %d, want 0", n)
 	}
 }
 
