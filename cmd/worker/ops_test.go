@@ -4,104 +4,324 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/opsquery"
+	"github.com/idemkit/idem/internal/pgembed"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/service"
+	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
-// seedKey writes one key's whole life by hand: request, outbox, inbox, ledger, and a
-// dead letter for a mismatched copy.
+// seedKey writes one intent's rows as the ingress, relay and consumer would: the
+// request and the payment under scope and bare key, the outbox, inbox and ledger
+// under the scoped key. Its email message is still unpublished.
 func seedKey(t *testing.T, db *pgtest.DB, scope, key string) {
 	t.Helper()
 	ctx := context.Background()
 	scoped := idem.ScopedKey(scope, idem.Key(key))
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO idem_requests (scope, key, fingerprint, method, path, response_code, expires_at)
-			VALUES ($1, $2, '\x0102', 'POST', '/v1/payments', 202, now() + interval '1 day')`, scope, key); err != nil {
-			return err
+		stmts := []struct {
+			sql  string
+			args []any
+		}{
+			{`INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, response_code, response_body, expires_at)
+			  VALUES ($1, $2, '\x0102030405060708090a', 'POST', '/v1/payments', 'done', 202, '{"status":"accepted"}', now() + interval '1 day')`, []any{scope, key}},
+			{`INSERT INTO payments (scope, idempotency_key, account, amount_cents) VALUES ($1, $2, 'acct_ops', 1250)`, []any{scope, key}},
+			{`INSERT INTO idem_inbox (consumer, key, fingerprint, status, completed_at, expires_at)
+			  VALUES ('charges', $1, '\x00', 'done', now(), now() + interval '1 day')`, []any{scoped}},
+			{`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_ops', 1250)`, []any{scoped}},
+			{`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries)
+			  VALUES ('charges', $1, $2, '{}', 'fingerprint mismatch: test', 1)`, []any{scoped, idem.SubjectCharge}},
 		}
-		if err := outbox.Enqueue(ctx, tx, idem.Message{Key: scoped, Subject: idem.SubjectCharge, Payload: []byte(`{}`)}); err != nil {
-			return err
+		for _, s := range stmts {
+			if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+				return err
+			}
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, completed_at, expires_at)
-			VALUES ('charges', $1, '\x00', 'done', now(), now() + interval '1 day')`, scoped); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_ops', 1250)`, scoped); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries)
-			VALUES ('charges', $1, $2, '{}', 'fingerprint mismatch: test', 1)`, scoped, idem.SubjectCharge)
-		return err
+		return outbox.EnqueueBatch(ctx, tx, []idem.Message{
+			{Key: scoped, Subject: idem.SubjectCharge, Payload: []byte(`{"account":"acct_ops","amount_cents":1250}`)},
+			{Key: scoped, Subject: idem.SubjectEmail, Payload: []byte(`{"to":"a@example.com"}`)},
+		})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := db.Pool.Exec(ctx, `UPDATE idem_outbox SET published_at = now(), attempts = 1 WHERE key = $1 AND subject = $2`, scoped, idem.SubjectCharge); err != nil {
+		t.Fatal(err)
+	}
 }
 
-func TestInspectShowsAKeysWholeLife(t *testing.T) {
+// worker runs the worker's command line and returns stdout, stderr and the exit code.
+func worker(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func mustContain(t *testing.T, what, text string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(text, w) {
+			t.Errorf("%s lacks %q:\n%s", what, w, text)
+		}
+	}
+}
+
+func TestInspectPrintsAKeysWholeLife(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seedKey(t, db, "tenant-a", "k-ops")
+	seedKey(t, db, "tenant-b", "k-ops") // the same bare key in another scope is another intent
+
+	// Flags may follow the key.
+	out, errs, code := worker(t, "inspect", "k-ops", "--scope", "tenant-a", "--database-url", db.URL)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	mustContain(t, "inspect", out,
+		`key "k-ops" (scope "tenant-a"; past the ingress the key is "tenant-a\x1fk-ops")`,
+		"POST /v1/payments -> 202, done", "fingerprint  0102030405060708...", `{"status":"accepted"}`,
+		"outbox (2 messages)", "idem.payments.charge: published", "idem.emails.send: PENDING, not yet published",
+		"inbox (1 consumer)", "charges: done",
+		"dead letters (1)", "fingerprint mismatch: test",
+		"payments        #", "ledger_entries  #", "acct_ops 1250 cents",
+		"attention", "waits to be published", "worker dead-letters replay")
+	if strings.Contains(out, "DOUBLE EFFECT") {
+		t.Errorf("one ledger row reported as a double effect:\n%s", out)
+	}
+
+	// A scoped key pasted from a log needs no --scope.
+	out, _, _ = worker(t, "inspect", "--database-url", db.URL, "tenant-a\x1fk-ops")
+	mustContain(t, "inspect of a scoped key", out, `key "k-ops" (scope "tenant-a"`, "charges: done")
+}
+
+func TestInspectFlagsADoubleEffect(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seedKey(t, db, "", "k-twice")
+	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ('k-twice', 'acct_ops', 1250)`); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := worker(t, "inspect", "--database-url", db.URL, "k-twice")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	mustContain(t, "inspect", out, `key "k-twice" (no scope)`, "DOUBLE EFFECT: 2 ledger entries for one key")
+}
+
+func TestInspectUnknownKey(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	seedKey(t, db, "tenant-a", "k-ops")
 
-	var out, errb bytes.Buffer
-	if code := run([]string{"inspect", "k-ops", "--scope", "tenant-a", "--database-url", db.URL}, &out, &errb); code != 0 {
-		t.Fatalf("inspect exit %d: %s", code, errb.String())
+	out, errs, code := worker(t, "inspect", "k-ops", "--database-url", db.URL)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
 	}
-	text := out.String()
-	for _, want := range []string{`key "k-ops" in scope "tenant-a"`, "POST /v1/payments", "answered 202",
-		"idem.payments.charge", "NOT PUBLISHED yet", "charges", "done", "fingerprint mismatch: test", "acct_ops", "1250 cents"} {
-		if !strings.Contains(text, want) {
-			t.Errorf("inspect output lacks %q:\n%s", want, text)
-		}
-	}
+	mustContain(t, "inspect", out, "Nothing is known about this key", `known in other scopes: "tenant-a". Did you mean --scope?`)
 
-	// The same key in another scope is another intent: nothing known.
-	out.Reset()
-	run([]string{"inspect", "--database-url", db.URL, "k-ops"}, &out, &errb)
-	if !strings.Contains(out.String(), "nothing is known") {
-		t.Errorf("unscoped inspect: %s", out.String())
+	out, _, _ = worker(t, "inspect", "k-ops", "--json", "--database-url", db.URL)
+	var r opsquery.KeyReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
 	}
-
-	out.Reset()
-	if code := run([]string{"inspect", "k-ops", "--scope", "tenant-a", "--json", "--database-url", db.URL}, &out, &errb); code != 0 {
-		t.Fatal(errb.String())
-	}
-	var life keyLife
-	if err := json.Unmarshal(out.Bytes(), &life); err != nil {
-		t.Fatal(err)
-	}
-	if life.Request == nil || len(life.Outbox) != 1 || len(life.Inbox) != 1 || len(life.Ledger) != 1 || len(life.DeadLetters) != 1 {
-		t.Errorf("json life = %+v", life)
+	if r.Known || len(r.OtherScopes) != 1 {
+		t.Errorf("json = %+v", r)
 	}
 }
 
-func TestStatsCounts(t *testing.T) {
+func TestInspectJSON(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	seedKey(t, db, "tenant-a", "k-ops")
+	out, errs, code := worker(t, "inspect", "--json", "--scope=tenant-a", "--database-url", db.URL, "k-ops")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var r opsquery.KeyReport
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !r.Known || r.Request == nil || len(r.Outbox) != 2 || len(r.Inbox) != 1 || len(r.DeadLetters) != 1 ||
+		len(r.Payments) != 1 || len(r.Ledger) != 1 || r.ScopedKey != "tenant-a\x1fk-ops" {
+		t.Errorf("json = %+v", r)
+	}
+}
+
+func TestInspectBadArguments(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inspect"}, "want exactly one KEY, got 0"},
+		{[]string{"inspect", "a", "b"}, "want exactly one KEY, got 2"},
+		{[]string{"inspect", "bad\tkey"}, "malformed idempotency key"},
+		{[]string{"inspect", "--scope", "t-b", "t-a\x1fk"}, `KEY is scoped to "t-a" but --scope says "t-b"`},
+	}
+	for _, tc := range cases {
+		_, errs, code := worker(t, tc.args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 1 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+}
+
+func TestStatsWithoutJetStream(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	seedKey(t, db, "", "k-1")
 	seedKey(t, db, "", "k-2")
-	var out, errb bytes.Buffer
-	if code := run([]string{"stats", "--json", "--database-url", db.URL, "--data-dir", t.TempDir()}, &out, &errb); code != 0 {
-		t.Fatalf("stats exit %d: %s", code, errb.String())
+	dataDir := t.TempDir()
+
+	out, errs, code := worker(t, "stats", "--json", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
 	}
-	var st stats
-	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
+	var st statsOutput
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if st.Requests.Total != 2 || st.Outbox.Pending != 2 || st.Outbox.Published != 2 || st.DeadLetters.NotReplayed != 2 ||
+		st.Business.LedgerEntries != 2 || len(st.Inbox) != 1 || st.Inbox[0].Rows != 2 || st.JetStream != nil {
+		t.Errorf("stats = %+v", st.Stats)
+	}
+	mustContain(t, "stats --json", st.JetStreamError, "no --nats-url and no nats.url")
+
+	out, _, _ = worker(t, "stats", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
+	mustContain(t, "stats", out, "requests", "2 total, 0 running", "2 pending (0 failing), 2 published; oldest pending waits",
+		"2 total, 2 not replayed", "ledger_entries 2", "charges", "jetstream: no --nats-url")
+
+	// A URL file left by a worker that has stopped: a note, not a failure.
+	if err := os.WriteFile(filepath.Join(dataDir, service.NATSURLFile), []byte("nats://127.0.0.1:1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if st.Requests != 2 || st.OutboxPending != 2 || st.Inbox["charges"]["done"] != 2 || st.DeadLetters != 2 || st.DeadLettersPending != 2 || st.LedgerEntries != 2 {
-		t.Errorf("stats = %+v", st)
+	out, errs, code = worker(t, "stats", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
+	if code != 0 {
+		t.Fatalf("stale URL file: exit %d: %s", code, errs)
 	}
-	if !strings.Contains(errb.String(), "JetStream lag not shown") {
-		t.Errorf("stats should say why lag is missing: %q", errb.String())
+	mustContain(t, "stats", out, "does not answer: is the worker running?")
+
+	// A URL the user gave must work.
+	_, errs, code = worker(t, "stats", "--database-url", db.URL, "--nats-url", "nats://127.0.0.1:1")
+	if code != 1 || !strings.Contains(errs, "connect to NATS at nats://127.0.0.1:1") {
+		t.Errorf("bad --nats-url: exit %d, %s", code, errs)
 	}
-	out.Reset()
-	if code := run([]string{"stats", "--database-url", db.URL, "--data-dir", t.TempDir()}, &out, &errb); code != 0 || !strings.Contains(out.String(), "outbox pending") {
-		t.Errorf("text stats: %d %s", code, out.String())
+}
+
+func TestStatsShowsConsumerLag(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := testenv.Ctx(t)
+	if _, err := env.JS.CreateOrUpdateConsumer(ctx, idem.StreamName, jetstream.ConsumerConfig{
+		Durable: service.ChargeConsumerName, FilterSubject: idem.SubjectCharge, AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		env.Publish(t, idem.SubjectCharge, "k", "", testenv.ChargePayload("a", i+1))
+	}
+
+	// Found through the URL file a running worker keeps under --data-dir.
+	dataDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dataDir, service.NATSURLFile), []byte(env.NATS.URL()+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := worker(t, "stats", "--json", "--database-url", env.DB.URL, "--nats-url=", "--data-dir", dataDir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var st statsOutput
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	js := st.JetStream
+	if js == nil || js.Messages != 3 || len(js.Consumers) != 1 || js.Consumers[0].Name != "charges" || js.Consumers[0].NumPending != 3 {
+		t.Fatalf("jetstream = %+v (error %q)", js, st.JetStreamError)
+	}
+
+	out, _, _ = worker(t, "stats", "--database-url", env.DB.URL, "--nats-url", env.NATS.URL())
+	mustContain(t, "stats", out, "jetstream "+env.NATS.URL(), "stream IDEM: 3 messages", "charges", idem.SubjectCharge)
+}
+
+func TestHuman(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		850 * time.Millisecond:                         "850ms",
+		42 * time.Second:                               "42s",
+		3*time.Minute + 12*time.Second:                 "3m12s",
+		24 * time.Hour:                                 "24h",
+		5*time.Hour + 3*time.Minute:                    "5h3m",
+		3*24*time.Hour + 4*time.Hour:                   "3d4h",
+		6*24*time.Hour + 23*time.Hour + 59*time.Minute: "7d0h",
+	} {
+		if got := human(d); got != want {
+			t.Errorf("human(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// A zero-setup worker keeps its rows in a private Postgres under --data-dir; with
+// no database named, the operator commands find it there.
+func TestOpsFindThePrivatePostgres(t *testing.T) {
+	t.Setenv("DATABASE_URL", "") // "not named"; rules out t.Parallel
+	cfg, err := pgconn.ParseConfig(pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pretend the server the tests use is the worker's private one.
+	dataDir := t.TempDir()
+	pgDir := filepath.Join(dataDir, pgembed.Subdir)
+	if err := os.MkdirAll(pgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pgDir, "port"), []byte(strconv.Itoa(int(cfg.Port))+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	parse := func(args ...string) (*options, *flag.FlagSet) {
+		o, fs, _, err := parseOps("test", "", args, io.Discard, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o, fs
+	}
+
+	o, fs := parse("--data-dir", dataDir)
+	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable" // nothing answers at "the default"
+	pool, err := openOpsPool(ctx, o, fs)
+	if err != nil {
+		t.Fatalf("did not find the private Postgres: %v", err)
+	}
+	if got := pool.Config().ConnConfig.Port; got != cfg.Port {
+		t.Errorf("connected to port %d, want the recorded %d", got, cfg.Port)
+	}
+	pool.Close()
+
+	// A database the user named is used or fails: never silently replaced.
+	o, fs = parse("--data-dir", dataDir, "--database-url", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable")
+	if _, err := openOpsPool(ctx, o, fs); err == nil {
+		t.Error("an explicit --database-url that does not answer was replaced")
+	}
+
+	// No private cluster either: say so.
+	o, fs = parse("--data-dir", t.TempDir())
+	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
+	if _, err := openOpsPool(ctx, o, fs); err == nil || !strings.Contains(err.Error(), "no private Postgres was ever started") {
+		t.Errorf("err = %v", err)
 	}
 }

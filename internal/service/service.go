@@ -30,7 +30,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/metrics"
-	"github.com/idemkit/idem/internal/pglocal"
+	"github.com/idemkit/idem/internal/pgembed"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -129,7 +129,8 @@ type Service struct {
 	NC   *nats.Conn
 	JS   jetstream.JetStream
 	nats *embeddednats.Server // nil with an external server
-	pg   *pglocal.Cluster     // nil unless a private cluster was started
+	// stopPostgres stops the private Postgres the worker started (nil: none).
+	stopPostgres func(context.Context) error
 	// Metrics is the worker's Prometheus registry, served on /metrics.
 	Metrics *metrics.Metrics
 	http    *http.Server
@@ -202,6 +203,16 @@ func Start(ctx context.Context, cfg Config) (*Service, error) {
 
 // connect opens the pool (migrating the schema) and the JetStream connection.
 func (s *Service) connect(ctx context.Context) error {
+	if s.cfg.PrivatePostgres {
+		// Zero-setup start: when nothing answers at the URL the user did not choose,
+		// run a private cluster from the machine's PostgreSQL binaries.
+		url, stop, err := pgembed.Fallback(ctx, s.cfg.DatabaseURL, pgembed.Config{
+			Dir: filepath.Join(s.cfg.DataDir, pgembed.Subdir), Logger: s.log})
+		if err != nil {
+			return fmt.Errorf("service: no Postgres answers at %s, and no private one: %w", redact(s.cfg.DatabaseURL), err)
+		}
+		s.cfg.DatabaseURL, s.stopPostgres = url, stop
+	}
 	pcfg, err := pgxpool.ParseConfig(s.cfg.DatabaseURL)
 	if err != nil {
 		return fmt.Errorf("service: DATABASE_URL: %w", err)
@@ -218,24 +229,7 @@ func (s *Service) connect(ctx context.Context) error {
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
-		if !s.cfg.PrivatePostgres {
-			return fmt.Errorf("service: no Postgres answers at %s: %w (start one, or use docker-compose.yml)", redact(s.cfg.DatabaseURL), err)
-		}
-		pool.Close()
-		s.log.Info("no Postgres answers at DATABASE_URL; starting a private one", "url", redact(s.cfg.DatabaseURL), "err", err)
-		pg, err := pglocal.Start(ctx, pglocal.Config{Dir: filepath.Join(s.cfg.DataDir, "postgres"), Logger: s.log})
-		if err != nil {
-			return fmt.Errorf("service: no Postgres at %s, and no private one: %w", redact(s.cfg.DatabaseURL), err)
-		}
-		s.pg = pg
-		if pool, err = pgxpool.New(ctx, pg.URL()); err != nil {
-			return fmt.Errorf("service: private Postgres: %w", err)
-		}
-		s.Pool = pool
-		if err := pool.Ping(pingCtx); err != nil {
-			return fmt.Errorf("service: private Postgres at %s: %w", pg.URL(), err)
-		}
-		s.log.Info("using the private Postgres", "url", pg.URL())
+		return fmt.Errorf("service: no Postgres answers at %s: %w (start one, or use docker-compose.yml)", redact(s.cfg.DatabaseURL), err)
 	}
 	applied, err := migrations.Apply(ctx, pool)
 	if err != nil {
@@ -505,8 +499,10 @@ func (s *Service) closeConns() {
 	if s.Pool != nil {
 		s.Pool.Close()
 	}
-	if s.pg != nil {
-		if err := s.pg.Stop(context.Background()); err != nil {
+	if s.stopPostgres != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := s.stopPostgres(ctx); err != nil {
 			s.log.Warn("stopping the private Postgres", "err", err)
 		}
 	}

@@ -1,0 +1,382 @@
+package main
+
+// worker inspect KEY: everything idem knows about one idempotency key. This file
+// also holds what inspect and stats share: flag parsing that lets flags follow the
+// KEY, and finding the database (including the private Postgres a zero-setup
+// worker started under --data-dir).
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/opsquery"
+	"github.com/idemkit/idem/internal/pgembed"
+)
+
+// opsTimeout bounds an operator command: it reads, and should never hang a shell.
+const opsTimeout = 60 * time.Second
+
+const inspectUsage = `usage: worker inspect [flags] KEY
+
+Prints the whole life of one idempotency key: the HTTP request record, the outbox
+messages, each consumer's inbox claim, dead letters, and the demo's business rows.
+KEY is the key the client sent; give its tenant with --scope. Flags may follow KEY.
+
+flags:
+`
+
+func runInspect(args []string, stdout, stderr io.Writer) error {
+	var (
+		scope  string
+		asJSON bool
+	)
+	o, fs, rest, err := parseOps("worker inspect", inspectUsage, args, stderr, func(fs *flag.FlagSet) {
+		fs.StringVar(&scope, "scope", "", "the key's Idempotency-Scope (tenant); empty for none")
+		fs.BoolVar(&asJSON, "json", false, "print JSON instead of text")
+	})
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 {
+		return fmt.Errorf("inspect: want exactly one KEY, got %d arguments (see worker inspect -h)", len(rest))
+	}
+	key := rest[0]
+	if s, k := idem.SplitScopedKey(key); s != "" {
+		// A scoped key pasted from a log or from the outbox: split it back.
+		if scope != "" && scope != s {
+			return fmt.Errorf("inspect: KEY is scoped to %q but --scope says %q", s, scope)
+		}
+		scope, key = s, string(k)
+	}
+	if _, err := idem.ParseKey(key); err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	if err := idem.ValidateScope(scope); err != nil {
+		return fmt.Errorf("inspect: --scope: %w", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	pool, err := openOpsPool(ctx, o, fs)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	rep, err := opsquery.Inspect(ctx, pool, scope, key)
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rep)
+	}
+	writeKeyReport(stdout, rep)
+	return nil
+}
+
+// parseOps parses an operator command's flags: the shared ones, plus those extra
+// adds. Unlike flag.Parse it also accepts flags after positional arguments
+// (`worker inspect KEY --scope acme`); "--" ends the flags, for a key that starts
+// with "-".
+func parseOps(name, usage string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*options, *flag.FlagSet, []string, error) {
+	fs, o := newFlagSet(name, stderr)
+	if extra != nil {
+		extra(fs)
+	}
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return o, fs, positional, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return o, fs, append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// openOpsPool connects to the database like openPool. When the user named no
+// database (neither --database-url nor DATABASE_URL) and none answers at the
+// default, it tries the private Postgres a zero-setup worker runs under
+// --data-dir, which is where that worker's rows are.
+func openOpsPool(ctx context.Context, o *options, fs *flag.FlagSet) (*pgxpool.Pool, error) {
+	pool, err := openPool(ctx, o)
+	if err == nil || databaseURLExplicit(fs) {
+		return pool, err
+	}
+	dir := filepath.Join(o.dataDir, pgembed.Subdir)
+	private, perr := pgembed.URL(dir)
+	if perr != nil {
+		return nil, fmt.Errorf("%w (and no private Postgres was ever started under %s: set --database-url or DATABASE_URL)", err, dir)
+	}
+	o2 := *o
+	o2.databaseURL = private
+	pool, perr = openPool(ctx, &o2)
+	if perr != nil {
+		return nil, fmt.Errorf("%w; nor does the worker's private Postgres under %s (%s): is the worker running? %v",
+			err, dir, private, perr)
+	}
+	return pool, nil
+}
+
+// databaseURLExplicit reports whether the user named a database.
+func databaseURLExplicit(fs *flag.FlagSet) bool {
+	set := os.Getenv("DATABASE_URL") != ""
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "database-url" {
+			set = true
+		}
+	})
+	return set
+}
+
+// writeKeyReport prints rep for a person: one section per hop of the intent's
+// path, times with their age, and what deserves attention at the end.
+func writeKeyReport(w io.Writer, rep *opsquery.KeyReport) {
+	p := &printer{w: w, now: rep.AsOf}
+	scope := "no scope"
+	if rep.Scope != "" {
+		scope = fmt.Sprintf("scope %q; past the ingress the key is %q", rep.Scope, rep.ScopedKey)
+	}
+	p.line(0, "key %q (%s)", rep.Key, scope)
+	p.line(0, "as of %s", rep.AsOf.UTC().Format(timeLayout))
+
+	if !rep.Known {
+		p.line(0, "")
+		p.line(0, "Nothing is known about this key: no request record, outbox message, inbox claim, dead letter or business row.")
+		if len(rep.OtherScopes) > 0 {
+			var names []string
+			for _, s := range rep.OtherScopes {
+				if s == "" {
+					names = append(names, "no scope")
+				} else {
+					names = append(names, fmt.Sprintf("%q", s))
+				}
+			}
+			p.line(0, "The key is known in other scopes: %s. Did you mean --scope?", strings.Join(names, ", "))
+		}
+		p.line(0, "Never sent, mistyped, or older than its key lifetime (expired records are collected).")
+		return
+	}
+
+	p.section("HTTP request")
+	if q := rep.Request; q == nil {
+		p.line(1, "none (the messages were enqueued without the HTTP ingress, or the record expired)")
+	} else {
+		code := "no response yet"
+		if q.ResponseCode != nil {
+			code = fmt.Sprintf("%d", *q.ResponseCode)
+		}
+		p.line(1, "%s %s -> %s, %s", q.Method, q.Path, code, q.Status)
+		p.field("created", p.time(q.CreatedAt))
+		p.field("expires", p.time(q.ExpiresAt))
+		p.field("fingerprint", short(q.Fingerprint))
+		if q.ResponseBody != nil {
+			p.field("response", clip(q.ResponseBody.String()))
+		}
+	}
+
+	p.section(fmt.Sprintf("outbox (%s)", plural(len(rep.Outbox), "message")))
+	for _, m := range rep.Outbox {
+		state := "PENDING, not yet published"
+		if m.PublishedAt != nil {
+			state = "published " + p.time(*m.PublishedAt)
+		}
+		p.line(1, "#%d %s: %s, %s", m.ID, m.Subject, state, plural(m.Attempts, "attempt"))
+		p.field("msg_id", fmt.Sprintf("%q", m.MsgID))
+		p.field("created", p.time(m.CreatedAt))
+		if m.LastError != nil {
+			p.field("last_error", *m.LastError)
+		}
+		p.field("payload", clip(m.Payload.String()))
+	}
+
+	p.section(fmt.Sprintf("inbox (%s)", plural(len(rep.Inbox), "consumer")))
+	for _, in := range rep.Inbox {
+		p.line(1, "%s: %s", in.Consumer, in.Status)
+		p.field("created", p.time(in.CreatedAt))
+		if in.CompletedAt != nil {
+			p.field("completed", p.time(*in.CompletedAt))
+		}
+		if in.LeaseUntil != nil {
+			p.field("lease_until", fmt.Sprintf("%s, %s", p.time(*in.LeaseUntil), plural(in.LeaseAttempts, "acquisition")))
+		}
+		if in.Step != nil {
+			p.field("step", *in.Step)
+		}
+		p.field("expires", p.time(in.ExpiresAt))
+		if in.Result != nil {
+			p.field("result", clip(in.Result.String()))
+		}
+	}
+
+	p.section(fmt.Sprintf("dead letters (%d)", len(rep.DeadLetters)))
+	for _, d := range rep.DeadLetters {
+		replayed := "not replayed"
+		if d.ReplayedAt != nil {
+			replayed = "replayed " + p.time(*d.ReplayedAt)
+		}
+		p.line(1, "#%d %s on %s after %s: %s", d.ID, d.Consumer, d.Subject, plural(d.Deliveries, "delivery"), replayed)
+		p.field("reason", d.Reason)
+		p.field("created", p.time(d.CreatedAt))
+	}
+
+	p.section("business rows")
+	if len(rep.Payments)+len(rep.Emails)+len(rep.Ledger) == 0 {
+		p.line(1, "none")
+	}
+	for _, r := range rep.Payments {
+		p.line(1, "payments        #%d %s %d cents, %s", r.ID, r.Account, r.AmountCents, p.time(r.CreatedAt))
+	}
+	for _, r := range rep.Ledger {
+		p.line(1, "ledger_entries  #%d %s %d cents, %s", r.ID, r.Account, r.AmountCents, p.time(r.CreatedAt))
+	}
+	for _, r := range rep.Emails {
+		p.line(1, "emails          #%d to %s %q, %s", r.ID, r.Recipient, r.Subject, p.time(r.CreatedAt))
+	}
+
+	if notes := attention(rep); len(notes) > 0 {
+		p.section("attention")
+		for _, n := range notes {
+			p.line(1, "! %s", n)
+		}
+	}
+}
+
+// attention lists what an operator should look at: anything that is not the
+// quiet end state of an intent (one effect, everything published and claimed).
+func attention(rep *opsquery.KeyReport) []string {
+	var notes []string
+	if n := len(rep.Ledger); n > 1 {
+		notes = append(notes, fmt.Sprintf("DOUBLE EFFECT: %d ledger entries for one key", n))
+	}
+	if n := len(rep.Payments); n > 1 {
+		notes = append(notes, fmt.Sprintf("%d payments rows for one key (the ingress should have replayed)", n))
+	}
+	if q := rep.Request; q != nil && q.Status != "done" {
+		notes = append(notes, "the request has not finished: still running, or its worker died and a retry will take the key over")
+	}
+	for _, m := range rep.Outbox {
+		if m.PublishedAt == nil {
+			n := fmt.Sprintf("outbox #%d waits to be published since %s: is the relay running?", m.ID, human(rep.AsOf.Sub(m.CreatedAt)))
+			if m.LastError != nil {
+				n += " last error: " + *m.LastError
+			}
+			notes = append(notes, n)
+		}
+	}
+	for _, in := range rep.Inbox {
+		if in.Status == "leased" && in.LeaseUntil != nil && in.LeaseUntil.Before(rep.AsOf) {
+			notes = append(notes, fmt.Sprintf("%s's lease ran out: its worker died mid-effect; the next delivery takes it over at step %s",
+				in.Consumer, deref(in.Step, "(none)")))
+		}
+	}
+	for _, d := range rep.DeadLetters {
+		if d.ReplayedAt == nil {
+			notes = append(notes, fmt.Sprintf("dead letter #%d is not replayed: fix the cause, then `worker dead-letters replay %d`", d.ID, d.ID))
+		}
+	}
+	return notes
+}
+
+const timeLayout = "2006-01-02 15:04:05.000Z"
+
+// printer writes indented lines and formats times relative to the snapshot.
+type printer struct {
+	w   io.Writer
+	now time.Time
+}
+
+func (p *printer) line(indent int, format string, args ...any) {
+	fmt.Fprintf(p.w, "%s%s\n", strings.Repeat("  ", indent), fmt.Sprintf(format, args...))
+}
+
+func (p *printer) section(title string) {
+	fmt.Fprintf(p.w, "\n%s\n", title)
+}
+
+func (p *printer) field(label, value string) {
+	fmt.Fprintf(p.w, "      %-12s %s\n", label, value)
+}
+
+// time shows a timestamp in UTC with how long ago (or how far ahead) it is.
+func (p *printer) time(t time.Time) string {
+	d := p.now.Sub(t)
+	rel := human(d) + " ago"
+	if d < 0 {
+		rel = "in " + human(-d)
+	}
+	return fmt.Sprintf("%s (%s)", t.UTC().Format(timeLayout), rel)
+}
+
+// human rounds a duration to what a person reads at a glance: 850ms, 42s, 3m12s,
+// 5h, 5h3m, 3d4h.
+func human(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Hour:
+		return d.Round(time.Second).String()
+	case d < 48*time.Hour:
+		d = d.Round(time.Minute)
+		h, m := d/time.Hour, (d%time.Hour)/time.Minute
+		if m == 0 {
+			return fmt.Sprintf("%dh", h)
+		}
+		return fmt.Sprintf("%dh%dm", h, m)
+	}
+	d = d.Round(time.Hour)
+	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), (d%(24*time.Hour))/time.Hour)
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "y") {
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(noun, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// short shows the first 8 bytes of a hex fingerprint: enough to compare by eye.
+func short(hex string) string {
+	if len(hex) > 16 {
+		return hex[:16] + "..."
+	}
+	return hex
+}
+
+// clip keeps long payloads to one readable line; --json has them whole.
+func clip(s string) string {
+	const limit = 200
+	s = strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(s)
+	if len(s) > limit {
+		return strings.ToValidUTF8(s[:limit], "") + fmt.Sprintf("... (%d bytes; --json shows all)", len(s))
+	}
+	return s
+}
+
+func deref(s *string, def string) string {
+	if s == nil {
+		return def
+	}
+	return *s
+}

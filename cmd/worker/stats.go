@@ -1,0 +1,175 @@
+package main
+
+// worker stats: counts and lags across idem's tables and, when a JetStream server
+// can be found, the stream's consumers.
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/opsquery"
+	"github.com/idemkit/idem/internal/service"
+)
+
+const statsUsage = `usage: worker stats [flags]
+
+Prints counts and lags: requests, the outbox backlog and the age of its oldest
+unpublished row, inbox rows per consumer and status, dead letters, business rows,
+and JetStream consumer lag when a server is known (--nats-url, NATS_URL, or the
+embedded server a running worker recorded under --data-dir).
+
+flags:
+`
+
+// statsOutput is what stats prints: the snapshot, plus where the JetStream figures
+// came from or why there are none.
+type statsOutput struct {
+	*opsquery.Stats
+	// JetStreamSource says where the NATS URL came from.
+	JetStreamSource string `json:"jetstream_source,omitempty"`
+	// JetStreamError explains missing JetStream figures.
+	JetStreamError string `json:"jetstream_error,omitempty"`
+}
+
+func runStats(args []string, stdout, stderr io.Writer) error {
+	var asJSON bool
+	o, fs, rest, err := parseOps("worker stats", statsUsage, args, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print JSON instead of text")
+	})
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("stats: unexpected arguments %q", rest)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	pool, err := openOpsPool(ctx, o, fs)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := opsquery.ReadStats(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("stats: %w", err)
+	}
+	out := statsOutput{Stats: st}
+
+	// JetStream is optional. A URL the user gave must work; a URL found in the data
+	// dir may be stale (the worker stopped), which is worth a note, not a failure.
+	url, source := o.natsURL, "--nats-url / NATS_URL"
+	if url == "" {
+		file := filepath.Join(o.dataDir, service.NATSURLFile)
+		if b, err := os.ReadFile(file); err == nil {
+			url, source = strings.TrimSpace(string(b)), file
+		}
+	}
+	if url != "" {
+		out.JetStreamSource = source
+		st.JetStream, err = readJetStream(ctx, url)
+		if err != nil {
+			if o.natsURL != "" {
+				return fmt.Errorf("stats: %w", err)
+			}
+			out.JetStreamError = fmt.Sprintf("%v (the embedded server recorded in %s does not answer: is the worker running?)", err, source)
+		}
+	} else {
+		out.JetStreamError = fmt.Sprintf("no --nats-url and no %s under --data-dir %s", service.NATSURLFile, o.dataDir)
+	}
+
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	writeStats(stdout, out)
+	return nil
+}
+
+func readJetStream(ctx context.Context, url string) (*opsquery.JetStreamStats, error) {
+	nc, err := nats.Connect(url, nats.Name("idem-worker-stats"), nats.Timeout(3*time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	s, err := opsquery.ReadJetStream(ctx, js, idem.StreamName)
+	if err != nil {
+		return nil, err
+	}
+	s.URL = url
+	return s, nil
+}
+
+func writeStats(w io.Writer, out statsOutput) {
+	st := out.Stats
+	p := &printer{w: w, now: st.AsOf}
+	p.line(0, "as of %s", st.AsOf.UTC().Format(timeLayout))
+	p.line(0, "")
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(cells ...any) {
+		for i, c := range cells {
+			if i > 0 {
+				fmt.Fprint(tw, "\t")
+			}
+			fmt.Fprint(tw, c)
+		}
+		fmt.Fprintln(tw)
+	}
+	row("requests", fmt.Sprintf("%d total, %d running", st.Requests.Total, st.Requests.Running))
+	ob := st.Outbox
+	backlog := fmt.Sprintf("%d pending (%d failing), %d published", ob.Pending, ob.Failing, ob.Published)
+	if ob.OldestPendingAt != nil {
+		backlog += fmt.Sprintf("; oldest pending waits %s", human(time.Duration(ob.OldestPendingAgeSeconds*float64(time.Second))))
+	}
+	row("outbox", backlog)
+	row("dead letters", fmt.Sprintf("%d total, %d not replayed", st.DeadLetters.Total, st.DeadLetters.NotReplayed))
+	row("business rows", fmt.Sprintf("payments %d, emails %d, ledger_entries %d", st.Business.Payments, st.Business.Emails, st.Business.LedgerEntries))
+	tw.Flush()
+
+	p.line(0, "")
+	if len(st.Inbox) == 0 {
+		p.line(0, "inbox: empty")
+	} else {
+		p.line(0, "inbox")
+		row("  consumer", "status", "rows", "expired", "lease expired")
+		for _, c := range st.Inbox {
+			row("  "+c.Consumer, c.Status, c.Rows, c.Expired, c.LeaseExpired)
+		}
+		tw.Flush()
+	}
+
+	p.line(0, "")
+	js := st.JetStream
+	if js == nil {
+		p.line(0, "jetstream: %s", out.JetStreamError)
+		return
+	}
+	p.line(0, "jetstream %s (from %s)", js.URL, out.JetStreamSource)
+	p.line(1, "stream %s: %d messages, %d bytes, sequences %d..%d", js.Stream, js.Messages, js.Bytes, js.FirstSeq, js.LastSeq)
+	if len(js.Consumers) == 0 {
+		p.line(1, "no consumers")
+		return
+	}
+	row("  consumer", "subjects", "pending", "ack pending", "redelivered", "ack floor")
+	for _, c := range js.Consumers {
+		row("  "+c.Name, strings.Join(c.FilterSubjects, ","), c.NumPending, c.NumAckPending, c.NumRedelivered, c.AckFloor)
+	}
+	tw.Flush()
+}
