@@ -47,20 +47,7 @@ func (b *bundle) startExternal(t *testing.T, cfg consumer.ExternalConfig) (stop 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("External.Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testenv.Go(t, "External.Run", x.Run)
 }
 
 // effectLog records every call of a fake external effect.

@@ -124,10 +124,7 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	testenv.Go(t, "Relay.Run", r.Run)
 
 	// The first wake-up comes from Run's initial drain; keep enqueueing until the
 	// listener is certainly up, then require the last row to be published.
@@ -159,10 +156,7 @@ func TestRelayDiesBetweenPublishAndMark(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	testenv.Go(t, "consumer.Run", c.Run)
 
 	dying, _ := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{
 		AfterPublish: func(context.Context, []int64) error { return errors.New("fault: relay died before marking") },

@@ -48,20 +48,7 @@ func runExternal(t *testing.T, env *testenv.Env, cfg consumer.ExternalConfig) (s
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("External.Run: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return testenv.Go(t, "External.Run", x.Run)
 }
 
 // emailWorld is an email consumer's world: Postgres, JetStream, a real SMTP server.
