@@ -332,26 +332,8 @@ func (s *Service) startCharges(ctx context.Context) error {
 		s.log.Warn("NEGATIVE CONTROL: the charge consumer runs WITHOUT its inbox claim; effects will double")
 		cc.UnsafeSkipInboxClaim = true
 	}
-	if s.cfg.Faults.Armed(faults.EffectBeforeCommit) {
-		prev := cc.BeforeCommit
-		cc.BeforeCommit = func(ctx context.Context, ds []*consumer.Delivery) error {
-			s.cfg.Faults.Hit(faults.EffectBeforeCommit)
-			if prev != nil {
-				return prev(ctx, ds)
-			}
-			return nil
-		}
-	}
-	if s.cfg.Faults.Armed(faults.ConsumerAfterCommit) {
-		prev := cc.AfterCommit
-		cc.AfterCommit = func(ctx context.Context, ds []*consumer.Delivery) error {
-			s.cfg.Faults.Hit(faults.ConsumerAfterCommit)
-			if prev != nil {
-				return prev(ctx, ds)
-			}
-			return nil
-		}
-	}
+	cc.BeforeCommit = withFault(s.cfg.Faults, faults.EffectBeforeCommit, cc.BeforeCommit)
+	cc.AfterCommit = withFault(s.cfg.Faults, faults.ConsumerAfterCommit, cc.AfterCommit)
 	c, err := consumer.New(s.Pool, s.JS, cc)
 	if err != nil {
 		return err
@@ -366,16 +348,7 @@ func (s *Service) startRelay(ctx context.Context) error {
 		rc.Logger = s.log
 	}
 	rc.OnBatch = chain3(rc.OnBatch, s.Metrics.RelayBatch)
-	if s.cfg.Faults.Armed(faults.RelayAfterPublish) {
-		prev := rc.AfterPublish
-		rc.AfterPublish = func(ctx context.Context, ids []int64) error {
-			s.cfg.Faults.Hit(faults.RelayAfterPublish)
-			if prev != nil {
-				return prev(ctx, ids)
-			}
-			return nil
-		}
-	}
+	rc.AfterPublish = withFault(s.cfg.Faults, faults.RelayAfterPublish, rc.AfterPublish)
 	r, err := outbox.NewRelay(s.Pool, s.JS, rc)
 	if err != nil {
 		return err
@@ -518,6 +491,21 @@ func traced(tp trace.TracerProvider, next http.Handler) http.Handler {
 		defer span.End()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// withFault puts fault point point in front of a hook (which may be nil). An unarmed
+// point leaves the hook as it is, so the normal binary pays nothing for it.
+func withFault[T any](fs *faults.Set, point string, hook func(context.Context, T) error) func(context.Context, T) error {
+	if !fs.Armed(point) {
+		return hook
+	}
+	return func(ctx context.Context, v T) error {
+		fs.Hit(point)
+		if hook != nil {
+			return hook(ctx, v)
+		}
+		return nil
+	}
 }
 
 // chain2 and chain3 call an optional user callback and then the worker's own.
