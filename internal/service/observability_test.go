@@ -10,6 +10,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/idemkit/idem/internal/natstest"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
@@ -108,16 +109,29 @@ func scrape(t *testing.T, url string) string {
 	return string(raw)
 }
 
-// /readyz answers 200 while Postgres and NATS answer.
+// /readyz answers 200 while Postgres and NATS answer, and 503 naming NATS when the
+// broker goes away.
 func TestReadyz(t *testing.T) {
 	b := setup(t)
-	svc := b.start(t, b.config())
-	resp, err := http.Get("http://" + svc.HTTPAddr() + "/readyz")
-	if err != nil {
-		t.Fatal(err)
+	broker := natstest.Start(t)
+	cfg := b.config()
+	cfg.NATSURL = broker.URL()
+	svc := b.start(t, cfg)
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + svc.HTTPAddr() + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/readyz = %d", resp.StatusCode)
+	if code, body := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz = %d %s", code, body)
 	}
+	broker.Stop()
+	testenv.Eventually(t, 10*time.Second, "/readyz to report NATS down", func() bool {
+		code, body := readyz()
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "nats")
+	})
 }
