@@ -53,8 +53,6 @@ var (
 	// ErrFingerprintMismatch: the key was seen before with a different payload. It is a
 	// producer bug and is rejected, never merged silently.
 	ErrFingerprintMismatch = errors.New("idem: same key with a different payload")
-	// ErrInFlight: the first arrival with this key is still being processed.
-	ErrInFlight = errors.New("idem: a request with this key is still in flight")
 )
 
 // Key is an idempotency key: the name of one user intent. It is minted on the client
