@@ -106,14 +106,16 @@ func TestSameKeyDistinctMsgIDsLandsOnce(t *testing.T) {
 	cfg := b.chargeConfig()
 	cfg.BatchSize = 1 // each copy in its own transaction: only the inbox can fold them
 	b.start(t, cfg)
-	testenv.Eventually(t, 10*time.Second, "3 deliveries settled", func() bool {
-		return b.out.get(consumer.OutcomeProcessed)+b.out.get(consumer.OutcomeDuplicate) == 3
+	drained := b.env.Drained(t, "charges")
+	testenv.Eventually(t, 10*time.Second, "the key processed and all 3 copies acked", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 1 && drained()
 	})
 	if n := b.env.LedgerRows(t, "k-three"); n != 1 {
 		t.Fatalf("ledger rows = %d, want 1", n)
 	}
-	if got := b.out.get(consumer.OutcomeDuplicate); got != 2 {
-		t.Errorf("duplicates folded = %d, want 2", got)
+	// At least: a copy redelivered after its AckWait under load folds once more.
+	if got := b.out.get(consumer.OutcomeDuplicate); got < 2 {
+		t.Errorf("duplicates folded = %d, want at least 2", got)
 	}
 }
 

@@ -155,8 +155,9 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 	b.env.Publish(t, idem.SubjectEmail, "k-other", "other", []byte("b@example.com"))
 	b.startExternal(t, b.extConfig(h))
 
-	testenv.Eventually(t, 10*time.Second, "4 deliveries settled", func() bool {
-		return b.out.get(consumer.OutcomeProcessed)+b.out.get(consumer.OutcomeDuplicate) == 4
+	drained := b.env.Drained(t, extName)
+	testenv.Eventually(t, 20*time.Second, "both keys completed and all 4 messages acked", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 2 && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
 		t.Fatalf("effects for k-once = %d, want 1", n)
@@ -170,9 +171,10 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 	}
 
 	// A late copy (a relay re-publish, a dead-letter replay) is a duplicate too.
+	dups := b.out.get(consumer.OutcomeDuplicate)
 	b.env.Publish(t, idem.SubjectEmail, "k-once", "late-copy", []byte("a@example.com"))
 	testenv.Eventually(t, 10*time.Second, "the late copy folded", func() bool {
-		return b.out.get(consumer.OutcomeDuplicate) == 3
+		return b.out.get(consumer.OutcomeDuplicate) > dups && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
 		t.Fatalf("effects for k-once after a late copy = %d, want 1", n)
@@ -379,9 +381,9 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 	}
 	b.startExternal(t, cfg)
 
-	testenv.Eventually(t, 20*time.Second, "all poison dead-lettered and all good processed", func() bool {
-		return b.out.get(consumer.OutcomeDeadLettered) == len(cases) &&
-			b.out.get(consumer.OutcomeProcessed) == len(cases)+1
+	drained := b.env.Drained(t, extName)
+	testenv.Eventually(t, 20*time.Second, "all good processed and every message settled", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
 	})
 	for _, tc := range cases {
 		n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = $1 AND key = $2 AND reason LIKE $3 || '%'`, extName, tc.key, tc.reason)

@@ -39,9 +39,9 @@ func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 	}
 	b.start(t, b.chargeConfig())
 
-	testenv.Eventually(t, 15*time.Second, "all poison dead-lettered and all good processed", func() bool {
-		return b.out.get(consumer.OutcomeDeadLettered) == len(cases) &&
-			b.out.get(consumer.OutcomeProcessed) == len(cases)+1
+	drained := b.env.Drained(t, "charges")
+	testenv.Eventually(t, 15*time.Second, "all good processed and every message settled", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
 	})
 	for _, tc := range cases {
 		n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = $1 AND reason LIKE $2 || '%'`, tc.key, tc.reason)
@@ -112,9 +112,13 @@ func TestOneFailureDoesNotSinkItsBatch(t *testing.T) {
 		return []byte(`"ok"`), err
 	})
 	b.start(t, cfg)
-	testenv.Eventually(t, 10*time.Second, "4 processed, 1 dead-lettered", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 4 && b.out.get(consumer.OutcomeDeadLettered) == 1
+	drained := b.env.Drained(t, "charges")
+	testenv.Eventually(t, 10*time.Second, "4 processed and every message settled", func() bool {
+		return b.out.get(consumer.OutcomeProcessed) == 4 && drained()
 	})
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'b-bad'`); n != 1 {
+		t.Errorf("dead letters for b-bad = %d, want 1", n)
+	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM ledger_entries`); n != 4 {
 		t.Errorf("ledger rows = %d, want 4", n)
 	}

@@ -216,9 +216,13 @@ func TestProviderChargeBadPayloadIsDeadLettered(t *testing.T) {
 	env.Publish(t, idem.SubjectCharge, "k-bad", "k-bad", []byte(`{"account":"a","amount_cents":-1}`))
 	env.Publish(t, idem.SubjectCharge, "k-ok", "k-ok", testenv.ChargePayload("a", 1))
 	runExternal(t, env, consumer.ExternalConfig{Name: "provider-charges", Subject: idem.SubjectCharge, Handler: h, OnOutcome: out.add})
-	testenv.Eventually(t, 10*time.Second, "1 dead letter, 1 processed", func() bool {
-		return out.get(consumer.OutcomeDeadLettered) == 1 && out.get(consumer.OutcomeProcessed) == 1
+	drained := env.Drained(t, "provider-charges")
+	testenv.Eventually(t, 20*time.Second, "1 processed and both messages settled", func() bool {
+		return out.get(consumer.OutcomeProcessed) == 1 && drained()
 	})
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-bad'`); n != 1 {
+		t.Errorf("dead letters for k-bad = %d, want 1", n)
+	}
 	if n := p.Requests(demo.OpAuthorize); n != 1 {
 		t.Errorf("authorize requests = %d, want 1 (the bad payload never reaches the provider)", n)
 	}

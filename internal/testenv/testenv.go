@@ -85,6 +85,27 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 	}
 }
 
+// Drained reports whether the durable consumer name has nothing left to do: no
+// message waiting to be delivered and none delivered but unacknowledged (a nak
+// with a delay counts as unacknowledged until it is redelivered and settled).
+// Wait on it rather than on outcome counts being exactly N: under load a message
+// can be redelivered after its AckWait and counted twice, which is correct
+// behaviour (the copy folds) but makes "count == N" wait forever.
+func (e *Env) Drained(t testing.TB, name string) func() bool {
+	return func() bool {
+		c, err := e.JS.Consumer(context.Background(), idem.StreamName, name)
+		if err != nil {
+			return false // not created yet
+		}
+		info, err := c.Info(context.Background())
+		if err != nil {
+			t.Logf("testenv: consumer info %s: %v", name, err)
+			return false
+		}
+		return info.NumPending == 0 && info.NumAckPending == 0
+	}
+}
+
 // LedgerRows counts ledger rows for key.
 func (e *Env) LedgerRows(t testing.TB, key string) int {
 	return e.DB.Count(t, `SELECT count(*) FROM ledger_entries WHERE idempotency_key = $1`, key)
