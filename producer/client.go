@@ -57,8 +57,9 @@ type ClientConfig struct {
 	MaxAttempts int
 	// BackoffBase and BackoffMax shape the wait between attempts: attempt n waits a
 	// uniformly random time in [0, min(BackoffMax, BackoffBase*2^(n-1))) ("full
-	// jitter"), so many clients that failed together do not retry together.
-	// Defaults 100ms and 10s.
+	// jitter"), so many clients that failed together do not retry together. A
+	// Retry-After on a retryable response (409, 429, 503) sets the least wait
+	// before the next attempt, up to BackoffMax. Defaults 100ms and 10s.
 	BackoffBase, BackoffMax time.Duration
 	// Timeout bounds one attempt, response body included. Default 10s.
 	Timeout time.Duration
@@ -283,7 +284,8 @@ func (c *Client) send(ctx context.Context, in Intent, dropFirst, forgetKey bool)
 	log := c.cfg.Logger.With("key", in.Key)
 	var forgotten idem.Key
 	var lastErr error
-	retryNow := false // the last response was dropped on purpose; no reason to wait
+	retryNow := false              // the last response was dropped on purpose; no reason to wait
+	var retryAfter time.Duration // the server's Retry-After on the last response
 	for n := 1; n <= c.cfg.MaxAttempts; n++ {
 		if c.Expired(in, time.Now()) {
 			log.InfoContext(ctx, "intent expired; not sending", "created_at", in.CreatedAt)
@@ -292,12 +294,12 @@ func (c *Client) send(ctx context.Context, in Intent, dropFirst, forgetKey bool)
 			return r, nil
 		}
 		if n > 1 && !retryNow {
-			if err := c.sleep(ctx, n-1); err != nil {
+			if err := c.sleep(ctx, n-1, retryAfter); err != nil {
 				lastErr = err
 				break
 			}
 		}
-		retryNow = false
+		retryNow, retryAfter = false, 0
 		// Count the attempt before sending, so a crash mid-send still shows it.
 		if err := c.cfg.Journal.RecordAttempt(in.Key); err != nil {
 			return clientWithForgotten(clientResult(in), forgotten), fmt.Errorf("producer: send %s: %w", in.Key, err)
@@ -332,7 +334,8 @@ func (c *Client) send(ctx context.Context, in Intent, dropFirst, forgetKey bool)
 		}
 		if clientRetryable(resp.status) {
 			lastErr = fmt.Errorf("HTTP %d: %s", resp.status, clientSnippet(resp.body))
-			log.DebugContext(ctx, "retryable response", "attempt", in.Attempts, "http_status", resp.status)
+			retryAfter = resp.retryAfter
+			log.DebugContext(ctx, "retryable response", "attempt", in.Attempts, "http_status", resp.status, "retry_after", retryAfter)
 			continue
 		}
 		status := IntentDone
@@ -375,9 +378,10 @@ func (c *Client) clientRemint(ctx context.Context, old Intent) (Intent, error) {
 }
 
 type clientResponse struct {
-	status   int
-	body     []byte
-	replayed bool
+	status     int
+	body       []byte
+	replayed   bool
+	retryAfter time.Duration // parsed Retry-After; 0 when absent or unreadable
 }
 
 // attempt sends one request and reads the whole response within Timeout. A response
@@ -406,10 +410,30 @@ func (c *Client) attempt(ctx context.Context, in Intent) (clientResponse, error)
 		return clientResponse{}, fmt.Errorf("read response: %w", err)
 	}
 	return clientResponse{
-		status:   resp.StatusCode,
-		body:     body,
-		replayed: strings.EqualFold(resp.Header.Get(idem.HeaderReplayed), "true"),
+		status:     resp.StatusCode,
+		body:       body,
+		replayed:   strings.EqualFold(resp.Header.Get(idem.HeaderReplayed), "true"),
+		retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()),
 	}, nil
+}
+
+// parseRetryAfter reads a Retry-After value (RFC 9110 §10.2.3): delay-seconds or an
+// HTTP-date. Anything else, and a date in the past, is 0: no hint.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseInt(v, 10, 64); err == nil {
+		if secs <= 0 {
+			return 0
+		}
+		return time.Duration(min(secs, int64(24*time.Hour/time.Second))) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
 }
 
 // clientRetryable reports whether a response leaves the outcome open. 5xx: the server
@@ -420,14 +444,20 @@ func clientRetryable(status int) bool {
 		status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
 }
 
-// sleep waits before retry number n (1-based), with full jitter.
-func (c *Client) sleep(ctx context.Context, n int) error {
+// sleep waits before retry number n (1-based), with full jitter. A server's
+// Retry-After (atLeast) raises the wait to at least that long, capped at BackoffMax
+// so one response cannot park the client for hours; a little jitter on top keeps
+// the clients it answered together from coming back together.
+func (c *Client) sleep(ctx context.Context, n int, atLeast time.Duration) error {
 	ceiling := c.cfg.BackoffBase
 	for i := 1; i < n && ceiling < c.cfg.BackoffMax; i++ {
 		ceiling *= 2
 	}
 	ceiling = min(ceiling, c.cfg.BackoffMax)
 	d := time.Duration(rand.Int64N(int64(ceiling) + 1))
+	if atLeast = min(atLeast, c.cfg.BackoffMax); d < atLeast {
+		d = atLeast + time.Duration(rand.Int64N(int64(c.cfg.BackoffBase)+1))
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

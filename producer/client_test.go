@@ -532,3 +532,89 @@ func TestClientContextCancelled(t *testing.T) {
 		t.Fatalf("journal pending = %v, want %s", journalKeys(p), res.Key)
 	}
 }
+
+// A server's Retry-After is the least wait before the next attempt: a 429 or 409
+// answered with "Retry-After: 1" is not retried a microsecond later, however small
+// the backoff; and BackoffMax caps it, so a server cannot park a client for hours.
+func TestClientHonoursRetryAfter(t *testing.T) {
+	cases := []struct {
+		name       string
+		status     int
+		retryAfter string
+		backoffMax time.Duration
+		minGap     time.Duration
+	}{
+		{"429 delay-seconds", http.StatusTooManyRequests, "1", 5 * time.Second, time.Second},
+		{"409 http-date", http.StatusConflict, "", 5 * time.Second, time.Second}, // date set below
+		{"capped at BackoffMax", http.StatusServiceUnavailable, "3600", 200 * time.Millisecond, 200 * time.Millisecond},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newClientFakeIngress(t)
+			var mu sync.Mutex
+			var arrivals []time.Time
+			f.fail = func(n int, w http.ResponseWriter, _ *http.Request, _ []byte) bool {
+				mu.Lock()
+				arrivals = append(arrivals, time.Now())
+				mu.Unlock()
+				if n > 1 {
+					return false
+				}
+				ra := tc.retryAfter
+				if ra == "" {
+					// HTTP dates have whole seconds: 2s ahead is at least 1s ahead.
+					ra = time.Now().Add(2 * time.Second).UTC().Format(http.TimeFormat)
+				}
+				w.Header().Set("Retry-After", ra)
+				w.WriteHeader(tc.status)
+				return true
+			}
+			cfg := clientTestConfig(t, f, journalOpenT(t, filepath.Join(t.TempDir(), "j")))
+			cfg.BackoffMax = tc.backoffMax
+			res, err := newClientT(t, cfg).Submit(t.Context(), clientPayment)
+			if err != nil || res.Status != IntentDone || res.Attempts != 2 {
+				t.Fatalf("Submit = %+v, %v; want done after 2 attempts", res, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			least := tc.minGap
+			if tc.retryAfter == "" {
+				least = time.Second
+			}
+			if gap := arrivals[1].Sub(arrivals[0]); gap < least {
+				t.Fatalf("second attempt %v after the first, want at least %v (Retry-After %q)", gap, least, tc.retryAfter)
+			}
+			if tc.retryAfter == "3600" {
+				if gap := arrivals[1].Sub(arrivals[0]); gap > time.Minute {
+					t.Fatalf("second attempt %v after the first: Retry-After was not capped at BackoffMax", gap)
+				}
+			}
+		})
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	cases := []struct {
+		in   string
+		want time.Duration
+	}{
+		{"", 0},
+		{"0", 0},
+		{"-5", 0},
+		{"3", 3 * time.Second},
+		{" 7 ", 7 * time.Second},
+		{"99999999999", 24 * time.Hour},
+		{"soon", 0},
+		{"1.5", 0},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
+		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
+	}
+	for _, tc := range cases {
+		if got := parseRetryAfter(tc.in, now); got != tc.want {
+			t.Errorf("parseRetryAfter(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}

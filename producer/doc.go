@@ -11,7 +11,8 @@
 //  2. write it, with the request, to the Journal and fsync, before the first byte
 //     goes on the wire;
 //  3. send; on a timeout, a dropped connection, a 5xx or a 409 (the first arrival is
-//     still running), send again with the same key, after a jittered backoff;
+//     still running), send again with the same key, after a jittered backoff (or
+//     the server's Retry-After, if longer);
 //  4. record the final response in the Journal (done for 2xx, rejected for another
 //     4xx). Until then the intent is pending.
 //
