@@ -284,7 +284,7 @@ func (c *Client) send(ctx context.Context, in Intent, dropFirst, forgetKey bool)
 	log := c.cfg.Logger.With("key", in.Key)
 	var forgotten idem.Key
 	var lastErr error
-	retryNow := false              // the last response was dropped on purpose; no reason to wait
+	retryNow := false            // the last response was dropped on purpose; no reason to wait
 	var retryAfter time.Duration // the server's Retry-After on the last response
 	for n := 1; n <= c.cfg.MaxAttempts; n++ {
 		if c.Expired(in, time.Now()) {
