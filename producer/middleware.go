@@ -71,6 +71,7 @@ const (
 	mwDefaultKeyLifetime  = 48 * time.Hour
 	mwDefaultWait         = 5 * time.Second
 	mwDefaultMaxBodyBytes = 1 << 20
+	mwDefaultMaxRespBytes = 1 << 20
 	// mwMaxClaimAttempts bounds the claim loop, which only repeats when the record
 	// it conflicted with expired or vanished (retention) between two statements.
 	mwMaxClaimAttempts = 3
@@ -96,6 +97,14 @@ type MiddlewareConfig struct {
 	// MaxBodyBytes is the largest request body accepted; a larger one gets 413 and
 	// claims nothing. The body is buffered to fingerprint it. Default 1 MiB.
 	MaxBodyBytes int64
+
+	// MaxResponseBytes is the largest response body the handler may write. The
+	// response is stored in idem_requests and replayed for the key's lifetime, so an
+	// unbounded one would be unbounded storage. A handler that writes more is
+	// rolled back (nothing committed, nothing stored) and the client gets 500
+	// response_too_large: a bug to fix in the handler, not something to truncate
+	// and replay half of. Default 1 MiB.
+	MaxResponseBytes int64
 
 	// Scope returns the Idempotency-Scope of a request: the tenant or principal
 	// whose key space the key lives in. Keys are unique per scope, never across
@@ -125,6 +134,9 @@ func (c MiddlewareConfig) withDefaults() MiddlewareConfig {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = mwDefaultMaxBodyBytes
 	}
+	if c.MaxResponseBytes == 0 {
+		c.MaxResponseBytes = mwDefaultMaxRespBytes
+	}
 	if c.Scope == nil {
 		c.Scope = mwScopeFromHeader
 	}
@@ -149,6 +161,9 @@ func (c MiddlewareConfig) validate() error {
 	}
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("middleware: MaxBodyBytes %d is negative", c.MaxBodyBytes)
+	}
+	if c.MaxResponseBytes < 0 {
+		return fmt.Errorf("middleware: MaxResponseBytes %d is negative", c.MaxResponseBytes)
 	}
 	return nil
 }
@@ -204,7 +219,8 @@ func (m *Middleware) KeyLifetime() time.Duration { return m.cfg.KeyLifetime }
 //     messages and the claim disappear — and the retry executes again.
 //
 // The middleware's own answers: 400 missing or malformed key or scope; 413 body over
-// MaxBodyBytes; 422 key reused with a different method, path or body; 409 with
+// MaxBodyBytes; 500 response_too_large (rolled back) when the handler writes more
+// than MaxResponseBytes; 422 key reused with a different method, path or body; 409 with
 // Retry-After when the first arrival is still running after Wait; 503 when the
 // database is unreachable. None of them stores anything.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
@@ -290,12 +306,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.ContentLength = int64(len(body))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	rctx := context.WithValue(ctx, mwCtxKey{}, &mwRequestInfo{tx: tx, scope: scope, key: key})
-	capture := newMwCapture()
+	capture := newMwCapture(m.cfg.MaxResponseBytes)
 	if !m.runHandler(next, capture, r.WithContext(rctx), log) {
 		m.rollback(ctx, tx, log)
 		m.outcome(OutcomeFailed)
 		mwWriteError(w, http.StatusInternalServerError, "internal_error",
 			"the request failed and was rolled back; retry with the same Idempotency-Key")
+		return
+	}
+	if capture.overflow {
+		m.rollback(ctx, tx, log)
+		log.Error("middleware: handler response exceeds MaxResponseBytes; rolled back", "limit", m.cfg.MaxResponseBytes)
+		m.outcome(OutcomeFailed)
+		mwWriteError(w, http.StatusInternalServerError, "response_too_large",
+			fmt.Sprintf("the handler's response is larger than the %d bytes that can be stored for replay; the request was rolled back", m.cfg.MaxResponseBytes))
 		return
 	}
 	resp := capture.result()
@@ -545,13 +569,18 @@ type mwResponse struct {
 // ResponseWriter it freezes the header at the first WriteHeader or Write, so the
 // stored response is exactly what the client would have seen.
 type mwCapture struct {
-	header http.Header // the handler's working header
-	sent   http.Header // the snapshot taken when the status was written
-	status int
-	body   bytes.Buffer
+	header   http.Header // the handler's working header
+	sent     http.Header // the snapshot taken when the status was written
+	status   int
+	body     bytes.Buffer
+	limit    int64 // MaxResponseBytes
+	overflow bool  // the handler tried to write more than limit
 }
 
-func newMwCapture() *mwCapture { return &mwCapture{header: http.Header{}} }
+// errResponseTooLarge is what a handler's Write returns past MaxResponseBytes.
+var errResponseTooLarge = errors.New("middleware: response exceeds MaxResponseBytes")
+
+func newMwCapture(limit int64) *mwCapture { return &mwCapture{header: http.Header{}, limit: limit} }
 
 func (c *mwCapture) Header() http.Header { return c.header }
 
@@ -570,6 +599,10 @@ func (c *mwCapture) WriteHeader(code int) {
 func (c *mwCapture) Write(p []byte) (int, error) {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
+	}
+	if c.overflow || int64(c.body.Len())+int64(len(p)) > c.limit {
+		c.overflow = true
+		return 0, errResponseTooLarge
 	}
 	return c.body.Write(p)
 }

@@ -265,6 +265,15 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 			wantLedger: 1, wantRecords: 1,
 		},
 		{
+			name: "a response over MaxResponseBytes rolls back and is not stored",
+			cfg:  producer.MiddlewareConfig{MaxResponseBytes: 16},
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 500, code: "response_too_large", outcome: "failed"},
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 500, code: "response_too_large", outcome: "failed"},
+			},
+			wantLedger: 0, wantRecords: 0,
+		},
+		{
 			name: "a handler 4xx is final: stored and replayed",
 			steps: []step{
 				{req: req{path: "/reject", key: key("k1"), body: body}, status: 400, outcome: "new"},
@@ -594,6 +603,7 @@ func TestMiddlewareConfig(t *testing.T) {
 		{Wait: -time.Second},
 		{KeyLifetime: time.Millisecond},
 		{MaxBodyBytes: -1},
+		{MaxResponseBytes: -1},
 	} {
 		if _, err := producer.NewMiddleware(db.Pool, cfg); err == nil {
 			t.Errorf("%+v accepted", cfg)
