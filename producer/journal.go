@@ -575,6 +575,44 @@ func journalCopy(in *Intent) Intent {
 	return c
 }
 
+// Prune removes the finished intents (done or rejected) whose final response was
+// recorded before cutoff, compacts the journal and returns how many it removed.
+// A finished intent is never sent again, so forgetting it loses only its record;
+// pending intents are never pruned, however old — an expired one is exactly what
+// an operator must still see to reconcile by hand. Without Prune a long-lived
+// client's journal (and Open's replay of it) grows with every intent it ever sent.
+func (j *Journal) Prune(cutoff time.Time) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return 0, fmt.Errorf("journal: prune: %w", ErrJournalClosed)
+	}
+	keep := make([]idem.Key, 0, len(j.order))
+	var drop []idem.Key
+	for _, k := range j.order {
+		if in := j.intents[k]; in.Status != IntentPending && in.FinishedAt.Before(cutoff) {
+			drop = append(drop, k)
+		} else {
+			keep = append(keep, k)
+		}
+	}
+	if len(drop) == 0 {
+		return 0, nil
+	}
+	// compactLocked writes the intents in j.order: write the pruned set, and put
+	// the full one back if the new file could not replace the old.
+	all := j.order
+	j.order = keep
+	if err := j.compactLocked(); err != nil {
+		j.order = all
+		return 0, fmt.Errorf("journal: prune: %w", err)
+	}
+	for _, k := range drop {
+		delete(j.intents, k)
+	}
+	return len(drop), nil
+}
+
 // Compact rewrites the journal with one intent record (attempts folded in) and at
 // most one done record per live intent, dropping attempt records and forgotten keys.
 // The new file is written beside the old one, fsynced, renamed over it and the

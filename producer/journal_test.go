@@ -433,6 +433,65 @@ func TestJournalCompact(t *testing.T) {
 	}
 }
 
+// Prune drops finished intents whose response is older than the cutoff, never a
+// pending one (not even one far past any key lifetime), and the file shrinks to
+// match: a reopened journal has exactly the survivors.
+func TestJournalPrune(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j")
+	j := journalOpenT(t, path)
+	for i := range 6 {
+		if err := j.Append(journalTestIntent(i)); err != nil { // created in 2025: all "old"
+			t.Fatal(err)
+		}
+	}
+	finish := func(i int, status IntentStatus) {
+		t.Helper()
+		if err := j.Done(journalTestIntent(i).Key, 202, []byte(`{"ok":true}`), status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	finish(0, IntentDone)
+	finish(1, IntentRejected)
+	cutoff := time.Now()
+	finish(2, IntentDone) // finished after the cutoff: kept
+	// 3, 4, 5 stay pending.
+
+	if n, err := j.Prune(cutoff.Add(-time.Hour)); err != nil || n != 0 {
+		t.Fatalf("Prune(an hour before) = %d, %v; want 0", n, err)
+	}
+	sizeBefore := journalFileSize(t, path)
+	want := journalKeys(j.All())[2:] // all but intents 0 and 1
+	n, err := j.Prune(cutoff)
+	if err != nil || n != 2 {
+		t.Fatalf("Prune = %d, %v; want 2 (the done and the rejected intent finished before the cutoff)", n, err)
+	}
+	if got := journalKeys(j.All()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after prune:\n got %v\nwant %v", got, want)
+	}
+	if _, ok := j.Get(journalTestIntent(0).Key); ok {
+		t.Fatal("a pruned intent is still there")
+	}
+	if after := journalFileSize(t, path); after >= sizeBefore {
+		t.Fatalf("prune did not shrink the file: %d -> %d bytes", sizeBefore, after)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j = journalOpenT(t, path)
+	if got := journalKeys(j.All()); !reflect.DeepEqual(got, want) {
+		t.Fatalf("after prune and reopen:\n got %v\nwant %v", got, want)
+	}
+	if in, _ := j.Get(journalTestIntent(2).Key); in.Status != IntentDone || string(in.Response) != `{"ok":true}` {
+		t.Fatalf("the kept finished intent lost its response: %+v", in)
+	}
+	if got := len(j.Pending()); got != 3 {
+		t.Fatalf("%d pending after prune and reopen, want 3", got)
+	}
+	if n, err := j.Prune(time.Now().Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("Prune(future) = %d, %v; want 1: every finished intent, and never a pending one", n, err)
+	}
+}
+
 // Open compacts a journal that is mostly dead records. The file is built from raw
 // frames to avoid thousands of fsyncs.
 func TestJournalAutoCompactOnOpen(t *testing.T) {

@@ -123,6 +123,7 @@ Commands:
   email --to T --subject S [--body B]       POST /v1/emails {"to","subject","body"}
   resume                                    re-send every pending intent with its own key
   list                                      print every intent in the journal
+  prune [--older-than D]                    drop finished intents older than D (default 168h)
 
 Output: one JSON line per intent on stdout,
   {"key":"...","attempts":N,"status":"...","http_status":N,"response":{...}}
@@ -175,6 +176,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		amountCents             int64
 		emailTo, subject, body  string
 		commandFlagsDescription string
+		olderThan               time.Duration
 	)
 	switch cmd {
 	case "charge":
@@ -186,9 +188,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fs.StringVar(&subject, "subject", "", "subject (required)")
 		fs.StringVar(&body, "body", "", "body")
 		commandFlagsDescription = "--to T --subject S [--body B]"
+	case "prune":
+		fs.DurationVar(&olderThan, "older-than", 7*24*time.Hour, "prune finished intents whose response arrived longer ago than this")
 	case "resume", "list":
 	default:
-		fmt.Fprintf(stderr, "enqueue: unknown command %q (want charge, email, resume or list; see enqueue -h)\n", cmd)
+		fmt.Fprintf(stderr, "enqueue: unknown command %q (want charge, email, resume, list or prune; see enqueue -h)\n", cmd)
 		return exitError
 	}
 	if err := fs.Parse(rest); err != nil {
@@ -203,6 +207,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	if err := o.validate(cmd); err != nil {
 		fmt.Fprintf(stderr, "enqueue %s: %v\n", cmd, err)
+		return exitError
+	}
+	if olderThan < 0 {
+		fmt.Fprintf(stderr, "enqueue prune: --older-than must not be negative, got %v\n", olderThan)
 		return exitError
 	}
 
@@ -275,6 +283,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}, out, stderr)
 	case "resume":
 		return resume(ctx, client, out, stderr)
+	case "prune":
+		return prune(journal, olderThan, stderr)
 	default: // list
 		return list(client, out, stderr)
 	}
@@ -290,7 +300,7 @@ func (o *options) validate(cmd string) error {
 	if o.lockWait < 0 {
 		return errors.New("--lock-wait must not be negative")
 	}
-	if (o.dropResponse || o.forgetKey) && (cmd == "resume" || cmd == "list") {
+	if (o.dropResponse || o.forgetKey) && (cmd == "resume" || cmd == "list" || cmd == "prune") {
 		return errors.New("--drop-response and --forget-key apply to new intents (charge, email), not to " + cmd)
 	}
 	return nil
@@ -394,6 +404,18 @@ func resume(ctx context.Context, c *producer.Client, out *json.Encoder, stderr i
 		}
 	}
 	return code
+}
+
+// prune drops old finished intents. It prints a count on stderr and nothing on
+// stdout: there are no intents to report.
+func prune(j *producer.Journal, olderThan time.Duration, stderr io.Writer) int {
+	n, err := j.Prune(time.Now().Add(-olderThan))
+	if err != nil {
+		fmt.Fprintf(stderr, "enqueue prune: %v\n", err)
+		return exitError
+	}
+	fmt.Fprintf(stderr, "prune: removed %d finished intent(s) older than %v; pending intents are never pruned\n", n, olderThan)
+	return exitDone
 }
 
 func list(c *producer.Client, out *json.Encoder, stderr io.Writer) int {

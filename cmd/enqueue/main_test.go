@@ -302,6 +302,42 @@ func TestResumeManyWithExpired(t *testing.T) {
 	}
 }
 
+// prune forgets finished intents and keeps pending ones.
+func TestPrune(t *testing.T) {
+	f := newFakeIngress(t)
+	env := testEnv(t, f)
+	for range 2 {
+		if r := runT(t, env, "charge", "--account", "a", "--amount-cents", "5"); r.code != exitDone {
+			t.Fatalf("charge: exit %d, stderr %s", r.code, r.stderr)
+		}
+	}
+	j, err := producer.Open(env["IDEM_JOURNAL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := producer.Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments", Payload: []byte(`{"account":"p","amount_cents":1}`)}
+	if err := j.Append(pending); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	if r := runT(t, env, "prune"); r.code != exitDone || !strings.Contains(r.stderr, "removed 0 finished") {
+		t.Fatalf("prune (default: a week): exit %d, stderr %q; want nothing removed", r.code, r.stderr)
+	}
+	if r := runT(t, env, "prune", "--older-than", "0s"); r.code != exitDone || !strings.Contains(r.stderr, "removed 2 finished") || len(r.lines) != 0 {
+		t.Fatalf("prune --older-than 0s: exit %d, %d lines, stderr %q", r.code, len(r.lines), r.stderr)
+	}
+	l := runT(t, env, "list")
+	if len(l.lines) != 1 || str(t, l.lines[0]["key"]) != string(pending.Key) || str(t, l.lines[0]["status"]) != "pending" {
+		t.Fatalf("list after prune = %v, want only the pending intent", l.lines)
+	}
+	if r := runT(t, env, "prune", "--older-than", "-1h"); r.code != exitError {
+		t.Fatalf("negative --older-than: exit %d, want %d", r.code, exitError)
+	}
+}
+
 func TestUsageErrors(t *testing.T) {
 	f := newFakeIngress(t)
 	env := testEnv(t, f)
