@@ -56,6 +56,7 @@ type options struct {
 	shutdownTimeout time.Duration
 	roles           string
 	trace           string
+	ackWait         time.Duration
 }
 
 func env(name, def string) string {
@@ -79,6 +80,14 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight work may take to finish after SIGTERM")
 	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: empty for none (trace context is still propagated), or stderr")
 	fs.StringVar(&o.roles, "roles", env("IDEM_ROLES", "all"), "components to run: all, or a comma list of ingress,relay,consumers")
+	fs.Func("ack-wait", "how long JetStream waits for a consumer's ack before redelivering (env IDEM_ACK_WAIT; default 30s)", func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("want a positive duration such as 30s, got %q", v)
+		}
+		o.ackWait = d
+		return nil
+	})
 	return fs, o
 }
 
@@ -191,6 +200,15 @@ func runService(args []string, stderr io.Writer) error {
 	if err := applyRoles(&cfg, o.roles); err != nil {
 		return err
 	}
+	ackWait := o.ackWait
+	if v := os.Getenv("IDEM_ACK_WAIT"); v != "" && ackWait == 0 {
+		if ackWait, err = time.ParseDuration(v); err != nil || ackWait <= 0 {
+			return fmt.Errorf("IDEM_ACK_WAIT: want a positive duration such as 30s, got %q", v)
+		}
+	}
+	// Zero keeps the consumers' default. The lifetime check at start counts it in
+	// each consumer's redelivery horizon.
+	cfg.ChargeConsumer.AckWait, cfg.EmailConsumer.AckWait = ackWait, ackWait
 	switch o.trace {
 	case "":
 	case "stderr":

@@ -16,9 +16,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/service"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 )
@@ -35,6 +38,8 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{[]string{"--log-format", "xml"}, 1, "--log-format must be text or json"},
 		{[]string{"--roles", "ingress,cook"}, 1, `unknown role "cook"`},
 		{[]string{"dead-letters"}, 1, "want list or replay"},
+		{[]string{"--ack-wait", "soon"}, 1, "want a positive duration"},
+		{[]string{"--ack-wait", "-5s"}, 1, "want a positive duration"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
@@ -80,8 +85,8 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	dataDir := t.TempDir()
-	start := func() (*exec.Cmd, *bytes.Buffer) {
-		cmd := exec.Command(bin, "--database-url", db.URL, "--data-dir", dataDir, "--http-addr", freeAddr(t))
+	start := func(extra ...string) (*exec.Cmd, *bytes.Buffer) {
+		cmd := exec.Command(bin, append([]string{"--database-url", db.URL, "--data-dir", dataDir, "--http-addr", freeAddr(t)}, extra...)...)
 		var logs bytes.Buffer
 		cmd.Stderr = &logs
 		if err := cmd.Start(); err != nil {
@@ -109,10 +114,29 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	midway := db.Count(t, `SELECT count(*) FROM ledger_entries`)
 	t.Logf("ledger rows at SIGTERM: %d of %d", midway, n)
 
-	second, logs2 := start()
+	second, logs2 := start("--ack-wait", "7s")
 	testenv.Eventually(t, 90*time.Second, "the second worker to finish", func() bool {
 		return db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'charges'`) == n
 	})
+	// --ack-wait reached the durable consumer (the embedded server's URL is in the
+	// data dir while the worker runs).
+	url, err := os.ReadFile(filepath.Join(dataDir, service.NATSURLFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(strings.TrimSpace(string(url)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	jc, err := js.Consumer(ctx, idem.StreamName, service.ChargeConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := jc.CachedInfo().Config.AckWait; got != 7*time.Second {
+		t.Errorf("charges consumer AckWait = %v, want 7s from --ack-wait", got)
+	}
 	_ = second.Process.Signal(syscall.SIGTERM)
 	if err := second.Wait(); err != nil {
 		t.Errorf("second worker: %v", err)

@@ -23,12 +23,13 @@ func (s *Service) emailConfig(smtpAddr string) (consumer.ExternalConfig, error) 
 	if err != nil {
 		return consumer.ExternalConfig{}, err
 	}
-	ec := consumer.ExternalConfig{
-		Name:           EmailConsumerName,
-		Subject:        idem.SubjectEmail,
-		Handler:        h,
-		Logger:         s.log,
-		TracerProvider: s.cfg.TracerProvider,
+	ec := s.cfg.EmailConsumer
+	ec.Name, ec.Subject, ec.Handler = EmailConsumerName, idem.SubjectEmail, h
+	if ec.Logger == nil {
+		ec.Logger = s.log
+	}
+	if ec.TracerProvider == nil {
+		ec.TracerProvider = s.cfg.TracerProvider
 	}
 	if s.Metrics != nil {
 		ec.OnOutcome = s.Metrics.ConsumerOutcome

@@ -71,6 +71,9 @@ type Config struct {
 	// ChargeConsumer tunes the idem.payments.charge consumer; Name, Subject and
 	// handler are filled in.
 	ChargeConsumer consumer.Config
+	// EmailConsumer tunes the idem.emails.send consumer (when SMTPAddr is set);
+	// Name, Subject, Handler, Logger and OnOutcome are filled in.
+	EmailConsumer consumer.ExternalConfig
 	// Relay tunes the outbox relay.
 	Relay outbox.RelayConfig
 	// Stream is used when the stream IDEM has to be created.
