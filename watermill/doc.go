@@ -61,13 +61,16 @@
 //
 // # Messages produced by a handler
 //
-// Messages a handler returns are published by the router after the middleware has
-// committed, outside the transaction. If that publish fails the router nacks, the
-// redelivery is a duplicate, and the returned messages are not produced again. For
-// messages that must not be lost, write them to the outbox from inside the handler
-// with [NewOutboxPublisher] on the transaction from [TxFromContext], and return
-// none: the outbox rows then commit with the claim and the business rows, and idem's
-// relay publishes them to JetStream.
+// By default, messages a handler returns are published by the router after the
+// middleware has committed, outside the transaction. If that publish fails the
+// router nacks, the redelivery is a duplicate, and the returned messages are not
+// produced again: they are lost. Set [Config].OutboxSubject and the middleware
+// writes them into idem's outbox inside the transaction instead — they commit with
+// the claim and the business rows or not at all, the router gets none, and idem's
+// relay publishes them to JetStream. A returned message without a key gets
+// [DerivedKey] (consumer, incoming key, position) in the incoming scope, so
+// downstream consumers can fold them too. For several subjects, write from inside
+// the handler with [NewOutboxPublisher] on the transaction from [TxFromContext].
 //
 // # The outbox publisher
 //

@@ -2,6 +2,8 @@ package idemwatermill
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
 )
 
@@ -25,6 +28,16 @@ type Config struct {
 	// dedupe.DefaultLifetime). It must outlast every window in which the same
 	// message can be delivered again; see dedupe.CheckLifetimes.
 	KeyLifetime time.Duration
+	// OutboxSubject, when set, routes the messages a handler returns through idem's
+	// outbox: they are written to idem_outbox on this subject inside the message's
+	// transaction, so they commit with the claim and the handler's writes (or not
+	// at all), and none is handed back to the router. idem's relay publishes them.
+	// Without it the router publishes returned messages itself after the commit,
+	// where a failed publish loses them (see the package documentation). A
+	// returned message without Idempotency-Key metadata gets one derived from the
+	// consumer, the incoming key and its position (DerivedKey), in the incoming
+	// message's scope. Must be a literal subject under "idem.".
+	OutboxSubject string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -35,6 +48,11 @@ func (c Config) validate() error {
 		return errors.New("idemwatermill: Config.Consumer is required")
 	case c.KeyLifetime < 0:
 		return errors.New("idemwatermill: Config.KeyLifetime must not be negative")
+	}
+	if c.OutboxSubject != "" {
+		if err := checkSubject(c.OutboxSubject); err != nil {
+			return fmt.Errorf("idemwatermill: Config.OutboxSubject: %w", err)
+		}
 	}
 	return nil
 }
@@ -138,11 +156,60 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 		log.Debug("handler failed; claim rolled back", "err", err)
 		return nil, err
 	}
+	if in.cfg.OutboxSubject != "" && len(produced) > 0 {
+		if err := in.enqueueProduced(ctx, tx, key, produced); err != nil {
+			// Rolled back with the claim: the redelivery runs the handler again. A
+			// message that cannot be a NATS message never will be: permanent.
+			log.Warn("produced messages not written to the outbox; claim rolled back", "err", err)
+			return nil, err
+		}
+		produced = nil
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("idemwatermill: commit: %w", err)
 	}
 	log.Debug("message processed")
 	return produced, nil
+}
+
+// enqueueProduced writes a handler's returned messages into the outbox inside tx,
+// keying each one that has no key of its own.
+func (in *inbox) enqueueProduced(ctx context.Context, tx pgx.Tx, scopedKey string, produced []*message.Message) error {
+	scope, key := idem.SplitScopedKey(scopedKey)
+	for i, m := range produced {
+		if m.Metadata == nil {
+			m.Metadata = message.Metadata{}
+		}
+		if m.Metadata.Get(idem.HeaderKey) == "" {
+			m.Metadata.Set(idem.HeaderKey, DerivedKey(in.cfg.Consumer, string(key), i))
+			if scope != "" && m.Metadata.Get(idem.HeaderScope) == "" {
+				m.Metadata.Set(idem.HeaderScope, scope)
+			}
+		}
+		m.SetContext(ctx)
+		// A message that cannot become an outbox message (a malformed key, metadata
+		// that cannot be a NATS header) never will: permanent, not retried.
+		if _, err := toIdem(in.cfg.OutboxSubject, m); err != nil {
+			return Permanent(fmt.Errorf("idemwatermill: produced message %d (%s): %w", i, m.UUID, err))
+		}
+	}
+	if err := NewOutboxPublisher(tx).Publish(in.cfg.OutboxSubject, produced...); err != nil {
+		return fmt.Errorf("idemwatermill: produced messages: %w", err)
+	}
+	return nil
+}
+
+// DerivedKey is the idempotency key of the i-th message a handler produced for the
+// incoming key, when the handler gave it none: "consumer:key:i", or a SHA-256 of it
+// in hex when that is not a valid key (too long, or unprintable bytes). It is a
+// pure function of the intent, so the same intent always produces the same keys.
+func DerivedKey(consumer, key string, i int) string {
+	k := fmt.Sprintf("%s:%s:%d", consumer, key, i)
+	if _, err := idem.ParseKey(k); err == nil {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return hex.EncodeToString(sum[:])
 }
 
 // duplicate decides what a key that was already claimed means: nil for a true

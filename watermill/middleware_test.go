@@ -394,6 +394,8 @@ func TestConfigValidation(t *testing.T) {
 		{name: "nil pool", cfg: idemwatermill.Config{Consumer: "c"}, nil: true},
 		{name: "no consumer", cfg: idemwatermill.Config{}},
 		{name: "negative lifetime", cfg: idemwatermill.Config{Consumer: "c", KeyLifetime: -time.Second}},
+		{name: "outbox subject outside idem.", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders.created"}},
+		{name: "wildcard outbox subject", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "idem.>"}},
 	}
 	for _, tc := range cases {
 		pool := db.Pool
@@ -411,5 +413,102 @@ func TestConfigValidation(t *testing.T) {
 			}()
 			idemwatermill.Middleware(pool, tc.cfg)
 		}()
+	}
+}
+
+// With OutboxSubject, the messages a handler returns go into idem's outbox inside
+// the message's transaction and none is handed to the router: they commit with the
+// claim or not at all. A message without a key gets a derived one in the incoming
+// scope; one with a key keeps it; a duplicate produces nothing more.
+func TestProducedMessagesThroughTheOutbox(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: "ledger", OutboxSubject: "idem.receipts.send", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failOnce := true
+	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
+		if err := ledgerInTx(m); err != nil {
+			return nil, err
+		}
+		unkeyed := message.NewMessage(watermill.NewUUID(), []byte(`{"receipt":1}`))
+		keyed := message.NewMessage(watermill.NewUUID(), []byte(`{"receipt":2}`))
+		keyed.Metadata.Set(idem.HeaderKey, "receipt-explicit")
+		keyed.Metadata.Set("X-Trace", "t1")
+		if failOnce {
+			// Produced, then failed: neither the ledger row nor the messages may
+			// survive the rollback.
+			failOnce = false
+			return []*message.Message{unkeyed, keyed}, errors.New("transient")
+		}
+		return []*message.Message{unkeyed, keyed}, nil
+	})
+	msg := payment("order-7", "acct_1", 1250)
+	msg.Metadata.Set(idem.HeaderScope, "tenant_a")
+
+	if _, err := wrapped(msg); err == nil {
+		t.Fatal("the failing attempt returned no error")
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {
+		t.Fatalf("outbox rows after a failed handler = %d, want 0", n)
+	}
+	for attempt := range 2 { // the retry, then a duplicate
+		produced, err := wrapped(msg)
+		if err != nil || len(produced) != 0 {
+			t.Fatalf("attempt %d: produced %d messages to the router, err %v; want none, nil", attempt, len(produced), err)
+		}
+	}
+	if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 1 {
+		t.Errorf("ledger rows = %d, want 1", n)
+	}
+	derived := idem.ScopedKey("tenant_a", idem.Key(idemwatermill.DerivedKey("ledger", "order-7", 0)))
+	for _, want := range []struct{ key, payload string }{
+		{derived, `{"receipt":1}`},
+		{"receipt-explicit", `{"receipt":2}`},
+	} {
+		if n := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE subject = 'idem.receipts.send' AND key = $1 AND payload = $2::bytea`, want.key, want.payload); n != 1 {
+			t.Errorf("outbox rows with key %q and payload %s = %d, want 1", want.key, want.payload, n)
+		}
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_outbox`); n != 2 {
+		t.Errorf("outbox rows = %d, want 2 (a duplicate produces nothing)", n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE headers->>'X-Trace' = 't1'`); n != 1 {
+		t.Errorf("the keyed message lost its metadata header")
+	}
+}
+
+// A produced message that can never be an outbox message is a permanent error,
+// and the claim is rolled back with everything else.
+func TestProducedMessageThatCannotBeAHeaderIsPermanent(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: "ledger", OutboxSubject: "idem.receipts.send", Logger: quiet()})
+	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
+		out := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		out.Metadata.Set("bad name", "v")
+		return []*message.Message{out}, ledgerInTx(m)
+	})
+	_, err := wrapped(payment("order-8", "acct_1", 1))
+	if !idemwatermill.IsPermanent(err) {
+		t.Fatalf("err = %v, want a permanent error", err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_inbox`) + db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 0 {
+		t.Errorf("%d inbox and ledger rows survived, want none", n)
+	}
+}
+
+func TestDerivedKey(t *testing.T) {
+	t.Parallel()
+	if got := idemwatermill.DerivedKey("ledger", "k1", 2); got != "ledger:k1:2" {
+		t.Errorf("DerivedKey = %q", got)
+	}
+	long := idemwatermill.DerivedKey("ledger", strings.Repeat("k", 255), 0)
+	if _, err := idem.ParseKey(long); err != nil || len(long) != 64 {
+		t.Errorf("DerivedKey of a long key = %q (%v), want 64 hex digits", long, err)
+	}
+	if long == idemwatermill.DerivedKey("ledger", strings.Repeat("k", 255), 1) {
+		t.Error("two positions share a derived key")
 	}
 }
