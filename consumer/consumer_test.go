@@ -107,7 +107,7 @@ func TestSameKeyDistinctMsgIDsLandsOnce(t *testing.T) {
 	cfg.BatchSize = 1 // each copy in its own transaction: only the inbox can fold them
 	b.start(t, cfg)
 	drained := b.env.Drained(t, "charges")
-	testenv.Eventually(t, 10*time.Second, "the key processed and all 3 copies acked", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the key processed and all 3 copies acked", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 1 && drained()
 	})
 	if n := b.env.LedgerRows(t, "k-three"); n != 1 {
@@ -130,7 +130,7 @@ func TestWithoutInboxClaimCopiesDouble(t *testing.T) {
 	cfg.UnsafeSkipInboxClaim = true
 	cfg.BatchSize = 1 // one copy per transaction, as three separate deliveries would be
 	b.start(t, cfg)
-	testenv.Eventually(t, 10*time.Second, "3 deliveries processed", func() bool {
+	testenv.Eventually(t, 45*time.Second, "3 deliveries processed", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 3
 	})
 	if n := b.env.LedgerRows(t, "k-unsafe"); n != 3 {
@@ -151,14 +151,14 @@ func TestRedeliveryAfterCommitBeforeAckIsDuplicate(t *testing.T) {
 		return errors.New("fault: worker died after commit, before ack")
 	}
 	stop := b.start(t, cfg)
-	testenv.Eventually(t, 10*time.Second, "first worker to commit and die", died.Load)
+	testenv.Eventually(t, 45*time.Second, "first worker to commit and die", died.Load)
 	stop()
 	if n := b.env.LedgerRows(t, "k-crash"); n != 1 {
 		t.Fatalf("after the crash: ledger rows = %d, want 1 (committed)", n)
 	}
 
 	b.start(t, b.chargeConfig()) // the next worker, same durable consumer
-	testenv.Eventually(t, 15*time.Second, "redelivery folded as duplicate", func() bool {
+	testenv.Eventually(t, 45*time.Second, "redelivery folded as duplicate", func() bool {
 		return b.out.get(consumer.OutcomeDuplicate) == 1
 	})
 	if n := b.env.LedgerRows(t, "k-crash"); n != 1 {

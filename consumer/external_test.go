@@ -156,7 +156,7 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 	b.startExternal(t, b.extConfig(h))
 
 	drained := b.env.Drained(t, extName)
-	testenv.Eventually(t, 20*time.Second, "both keys completed and all 4 messages acked", func() bool {
+	testenv.Eventually(t, 45*time.Second, "both keys completed and all 4 messages acked", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 2 && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
@@ -173,7 +173,7 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 	// A late copy (a relay re-publish, a dead-letter replay) is a duplicate too.
 	dups := b.out.get(consumer.OutcomeDuplicate)
 	b.env.Publish(t, idem.SubjectEmail, "k-once", "late-copy", []byte("a@example.com"))
-	testenv.Eventually(t, 10*time.Second, "the late copy folded", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the late copy folded", func() bool {
 		return b.out.get(consumer.OutcomeDuplicate) > dups && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
@@ -209,7 +209,7 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 	<-started
 	// Wait until the lease has been extended to well past three LeaseFors (and
 	// AckWaits) after the claim: only extensions can get it there.
-	testenv.Eventually(t, 10*time.Second, "the lease to be extended repeatedly", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the lease to be extended repeatedly", func() bool {
 		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-slow' AND status = 'leased'
 			AND lease_until > created_at + interval '1800 milliseconds'`) == 1
 	})
@@ -218,7 +218,7 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 	}
 
 	b.env.Publish(t, idem.SubjectEmail, "k-slow", "copy", []byte("x"))
-	testenv.Eventually(t, 10*time.Second, "the copy to back off twice", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the copy to back off twice", func() bool {
 		return b.out.get(consumer.OutcomeBusy) >= 2
 	})
 	if n := log.count("k-slow"); n != 1 {
@@ -226,7 +226,7 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 	}
 
 	close(release)
-	testenv.Eventually(t, 10*time.Second, "first processed and copy folded", func() bool {
+	testenv.Eventually(t, 45*time.Second, "first processed and copy folded", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 1 && b.out.get(consumer.OutcomeDuplicate) == 1
 	})
 	if n := log.count("k-slow"); n != 1 {
@@ -255,7 +255,7 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 	}
 	stop := b.startExternal(t, cfg)
 	b.env.Publish(t, idem.SubjectEmail, "k-died", "k-died", []byte("x"))
-	testenv.Eventually(t, 10*time.Second, "the first worker to perform and die", died.Load)
+	testenv.Eventually(t, 45*time.Second, "the first worker to perform and die", died.Load)
 	stop()
 	if status, _, _ := inboxRow(t, b, "k-died"); status != "leased" {
 		t.Fatalf("after the crash the key is %q, want leased (performed, not completed)", status)
@@ -263,7 +263,7 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 
 	cfg.AfterPerform = nil
 	b.startExternal(t, cfg) // the next worker, same durable consumer
-	testenv.Eventually(t, 15*time.Second, "the takeover to complete", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the takeover to complete", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 1
 	})
 	calls := log.of("k-died")
@@ -281,7 +281,7 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 
 	// Completed: a later copy is folded without a third effect.
 	b.env.Publish(t, idem.SubjectEmail, "k-died", "later", []byte("x"))
-	testenv.Eventually(t, 10*time.Second, "the later copy folded", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the later copy folded", func() bool {
 		return b.out.get(consumer.OutcomeDuplicate) == 1
 	})
 	if n := log.count("k-died"); n != 2 {
@@ -317,7 +317,7 @@ func TestExternalFailureResumesFromCheckpoint(t *testing.T) {
 	cfg.LeaseFor = time.Minute
 	b.startExternal(t, cfg)
 	b.env.Publish(t, idem.SubjectEmail, "k-steps", "k-steps", []byte("x"))
-	testenv.Eventually(t, 10*time.Second, "the retry to complete", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the retry to complete", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 1
 	})
 	if stepOne.Load() != 1 || stepTwo.Load() != 1 {
@@ -382,7 +382,7 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 	b.startExternal(t, cfg)
 
 	drained := b.env.Drained(t, extName)
-	testenv.Eventually(t, 20*time.Second, "all good processed and every message settled", func() bool {
+	testenv.Eventually(t, 45*time.Second, "all good processed and every message settled", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
 	})
 	for _, tc := range cases {
@@ -429,7 +429,7 @@ func TestExternalContinuesProducerTrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.startExternal(t, cfg)
-	testenv.Eventually(t, 10*time.Second, "the traced message processed", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the traced message processed", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 1 && len(rec.Ended()) == 1
 	})
 	if got, _ := seen.Load().(string); got != traceID {

@@ -40,7 +40,7 @@ func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 	b.start(t, b.chargeConfig())
 
 	drained := b.env.Drained(t, "charges")
-	testenv.Eventually(t, 15*time.Second, "all good processed and every message settled", func() bool {
+	testenv.Eventually(t, 45*time.Second, "all good processed and every message settled", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
 	})
 	for _, tc := range cases {
@@ -76,7 +76,7 @@ func TestFailingHandlerDeadLettersAfterMaxDeliver(t *testing.T) {
 		return nil, errors.New("downstream unavailable")
 	})
 	b.start(t, cfg)
-	testenv.Eventually(t, 15*time.Second, "dead letter after 3 deliveries", func() bool {
+	testenv.Eventually(t, 45*time.Second, "dead letter after 3 deliveries", func() bool {
 		return b.out.get(consumer.OutcomeDeadLettered) == 1
 	})
 	if n := calls.Load(); n != 3 {
@@ -113,7 +113,7 @@ func TestOneFailureDoesNotSinkItsBatch(t *testing.T) {
 	})
 	b.start(t, cfg)
 	drained := b.env.Drained(t, "charges")
-	testenv.Eventually(t, 10*time.Second, "4 processed and every message settled", func() bool {
+	testenv.Eventually(t, 45*time.Second, "4 processed and every message settled", func() bool {
 		return b.out.get(consumer.OutcomeProcessed) == 4 && drained()
 	})
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'b-bad'`); n != 1 {

@@ -33,7 +33,7 @@ func TestReplayDeadLetter(t *testing.T) {
 		return nil, err
 	})
 	b.start(t, cfg)
-	testenv.Eventually(t, 10*time.Second, "dead letter", func() bool { return b.out.get(consumer.OutcomeDeadLettered) == 1 })
+	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.get(consumer.OutcomeDeadLettered) == 1 })
 
 	dls, err := consumer.ListDeadLetters(context.Background(), b.env.DB.Pool, 10)
 	if err != nil || len(dls) != 1 {
@@ -48,7 +48,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if _, err := consumer.ReplayDeadLetter(context.Background(), b.env.DB.Pool, b.env.JS, dl.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "replay processed", func() bool { return b.out.get(consumer.OutcomeProcessed) == 1 })
+	testenv.Eventually(t, 45*time.Second, "replay processed", func() bool { return b.out.get(consumer.OutcomeProcessed) == 1 })
 	if n := b.env.LedgerRows(t, "k-replay"); n != 1 {
 		t.Fatalf("ledger rows after replay = %d, want 1", n)
 	}
@@ -57,7 +57,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if _, err := consumer.ReplayDeadLetter(context.Background(), b.env.DB.Pool, b.env.JS, dl.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 10*time.Second, "second replay folded", func() bool { return b.out.get(consumer.OutcomeDuplicate) == 1 })
+	testenv.Eventually(t, 45*time.Second, "second replay folded", func() bool { return b.out.get(consumer.OutcomeDuplicate) == 1 })
 	if n := b.env.LedgerRows(t, "k-replay"); n != 1 {
 		t.Fatalf("ledger rows after a second replay = %d, want 1", n)
 	}

@@ -90,7 +90,7 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	// ... and the holder dies. Until the lease runs out, everyone else is told it
 	// is busy (TestLeaseLifecycle); then one of them takes over.
 	var next dedupe.LeaseResult
-	testenv.Eventually(t, 5*time.Second, "the expired lease to be taken over", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the expired lease to be taken over", func() bool {
 		next = mustLease(t, db, "k2", fpA, time.Minute)
 		return next.Outcome == dedupe.LeaseAcquired
 	})

@@ -130,7 +130,7 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	// listener is certainly up, then require the last row to be published.
 	for i := range 3 {
 		enqueue(t, env, charge(fmt.Sprintf("k-notify-%d", i)))
-		testenv.Eventually(t, 10*time.Second, "row published via NOTIFY", func() bool {
+		testenv.Eventually(t, 45*time.Second, "row published via NOTIFY", func() bool {
 			return env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`) == 0
 		})
 	}
@@ -167,7 +167,7 @@ func TestRelayDiesBetweenPublishAndMark(t *testing.T) {
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`); n != 1 {
 		t.Fatalf("unpublished rows after the crash = %d, want 1", n)
 	}
-	testenv.Eventually(t, 10*time.Second, "first copy consumed", func() bool { return env.LedgerRows(t, "k-relay") == 1 })
+	testenv.Eventually(t, 45*time.Second, "first copy consumed", func() bool { return env.LedgerRows(t, "k-relay") == 1 })
 
 	healthy, _ := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{})
 	if n, err := healthy.Drain(context.Background()); err != nil || n != 1 {

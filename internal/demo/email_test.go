@@ -108,7 +108,7 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 		return nil
 	}
 	stop := runExternal(t, w.env, cfg)
-	testenv.Eventually(t, 10*time.Second, "the first worker to send and die", died.Load)
+	testenv.Eventually(t, 45*time.Second, "the first worker to send and die", died.Load)
 	stop()
 	if n := w.sink.Deliveries(); n != 1 {
 		t.Fatalf("after the crash: %d deliveries, want 1", n)
@@ -116,7 +116,7 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 
 	cfg.AfterPerform = nil
 	runExternal(t, w.env, cfg) // the next worker
-	testenv.Eventually(t, 15*time.Second, "the takeover to complete the key", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the takeover to complete the key", func() bool {
 		return w.out.get(consumer.OutcomeProcessed) == 1
 	})
 	if raw, distinct := w.sink.Deliveries(), w.sink.DistinctMessageIDs(); raw != 2 || distinct != 1 {
@@ -139,7 +139,7 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 
 	// Done is done: a re-publish of the intent sends nothing.
 	w.env.Publish(t, idem.SubjectEmail, key, "republish", emailPayload("a@example.com", "Receipt", "Thanks!"))
-	testenv.Eventually(t, 10*time.Second, "the re-publish folded", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the re-publish folded", func() bool {
 		return w.out.get(consumer.OutcomeDuplicate) == 1
 	})
 	if n := w.sink.Deliveries(); n != 2 {
@@ -155,7 +155,7 @@ func TestEmailLostReplyIsResentWithSameMessageID(t *testing.T) {
 	w.sink.HangUpAfterData(1)
 	runExternal(t, w.env, w.config(t))
 	w.env.Publish(t, idem.SubjectEmail, "k-lost-reply", "m1", emailPayload("b@example.com", "Hi", "body"))
-	testenv.Eventually(t, 10*time.Second, "the retry to complete", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the retry to complete", func() bool {
 		return w.out.get(consumer.OutcomeProcessed) == 1
 	})
 	if raw, distinct := w.sink.Deliveries(), w.sink.DistinctMessageIDs(); raw != 2 || distinct != 1 {
@@ -179,7 +179,7 @@ func TestEmailDuplicatesSendOnceAndContentIsNotAKey(t *testing.T) {
 	w.env.Publish(t, idem.SubjectEmail, "k-second", "second", payload)
 	runExternal(t, w.env, w.config(t))
 	drained := w.env.Drained(t, "emails")
-	testenv.Eventually(t, 20*time.Second, "both keys sent and all 4 messages acked", func() bool {
+	testenv.Eventually(t, 45*time.Second, "both keys sent and all 4 messages acked", func() bool {
 		return w.out.get(consumer.OutcomeProcessed) == 2 && drained()
 	})
 	if n := w.out.get(consumer.OutcomeDuplicate); n < 2 {
@@ -216,7 +216,7 @@ func TestEmailPoisonIsDeadLettered(t *testing.T) {
 	w.env.Publish(t, idem.SubjectEmail, "k-fine", "ok", emailPayload("c@example.com", "s", "b"))
 	runExternal(t, w.env, w.config(t))
 	drained := w.env.Drained(t, "emails")
-	testenv.Eventually(t, 20*time.Second, "1 sent and all 3 messages settled", func() bool {
+	testenv.Eventually(t, 45*time.Second, "1 sent and all 3 messages settled", func() bool {
 		return w.out.get(consumer.OutcomeProcessed) == 1 && drained()
 	})
 	if n := w.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = 'emails' AND reason LIKE 'permanent handler error: %email:%'`); n != 2 {

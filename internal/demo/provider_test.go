@@ -157,7 +157,7 @@ func TestProviderChargeResumesAfterWorkerDies(t *testing.T) {
 			key := "k-provider"
 			env.Publish(t, idem.SubjectCharge, key, key, testenv.ChargePayload("acct_1", 1250))
 			stop := runExternal(t, env, cfg)
-			testenv.Eventually(t, 10*time.Second, "the first worker to die", died.Load)
+			testenv.Eventually(t, 45*time.Second, "the first worker to die", died.Load)
 			stop()
 			if tc.forget {
 				if _, err := env.DB.Pool.Exec(context.Background(), `UPDATE idem_inbox SET step = NULL, step_state = NULL WHERE key = $1`, key); err != nil {
@@ -166,7 +166,7 @@ func TestProviderChargeResumesAfterWorkerDies(t *testing.T) {
 			}
 
 			runExternal(t, env, cfg) // the next worker
-			testenv.Eventually(t, 15*time.Second, "the takeover to complete the charge", func() bool {
+			testenv.Eventually(t, 45*time.Second, "the takeover to complete the charge", func() bool {
 				return out.get(consumer.OutcomeProcessed) == 1
 			})
 
@@ -217,7 +217,7 @@ func TestProviderChargeBadPayloadIsDeadLettered(t *testing.T) {
 	env.Publish(t, idem.SubjectCharge, "k-ok", "k-ok", testenv.ChargePayload("a", 1))
 	runExternal(t, env, consumer.ExternalConfig{Name: "provider-charges", Subject: idem.SubjectCharge, Handler: h, OnOutcome: out.add})
 	drained := env.Drained(t, "provider-charges")
-	testenv.Eventually(t, 20*time.Second, "1 processed and both messages settled", func() bool {
+	testenv.Eventually(t, 45*time.Second, "1 processed and both messages settled", func() bool {
 		return out.get(consumer.OutcomeProcessed) == 1 && drained()
 	})
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-bad'`); n != 1 {
@@ -242,7 +242,7 @@ func TestProviderChargeRefusalIsDeadLettered(t *testing.T) {
 	}
 	env.Publish(t, idem.SubjectCharge, "k-refused", "k-refused", testenv.ChargePayload("a", 1))
 	runExternal(t, env, consumer.ExternalConfig{Name: "provider-charges", Subject: idem.SubjectCharge, Handler: h, OnOutcome: out.add})
-	testenv.Eventually(t, 10*time.Second, "the refusal dead-lettered", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the refusal dead-lettered", func() bool {
 		return out.get(consumer.OutcomeDeadLettered) == 1
 	})
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-refused' AND deliveries = 1 AND reason LIKE '%404 Not Found%'`); n != 1 {

@@ -28,7 +28,7 @@ func TestEmailThroughTheWorkerSendsOnce(t *testing.T) {
 		}
 	}
 	scoped := idem.ScopedKey("tenant-a", "k-mail")
-	testenv.Eventually(t, 20*time.Second, "the email consumer to complete the key", func() bool {
+	testenv.Eventually(t, 45*time.Second, "the email consumer to complete the key", func() bool {
 		return b.db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'emails' AND key = $1 AND status = 'done'`, scoped) == 1
 	})
 	if n := sink.Deliveries(); n != 1 {

@@ -59,7 +59,7 @@ func TestTraceContextAndMetrics(t *testing.T) {
 	if !strings.Contains(headers, traceID) {
 		t.Errorf("outbox headers %s do not carry the request's trace id", headers)
 	}
-	testenv.Eventually(t, 10*time.Second, "consumer span in the request's trace", func() bool {
+	testenv.Eventually(t, 45*time.Second, "consumer span in the request's trace", func() bool {
 		for _, s := range rec.Ended() {
 			if strings.HasPrefix(s.Name(), "idem.consume") && s.SpanContext().TraceID().String() == traceID {
 				return true
@@ -130,7 +130,7 @@ func TestReadyz(t *testing.T) {
 		t.Fatalf("/readyz = %d %s", code, body)
 	}
 	broker.Stop()
-	testenv.Eventually(t, 10*time.Second, "/readyz to report NATS down", func() bool {
+	testenv.Eventually(t, 45*time.Second, "/readyz to report NATS down", func() bool {
 		code, body := readyz()
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "nats")
 	})

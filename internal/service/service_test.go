@@ -77,7 +77,7 @@ func (b *bundle) client(t *testing.T) *producer.Client {
 func (b *bundle) settled(t *testing.T, keys ...idem.Key) {
 	t.Helper()
 	for _, k := range keys {
-		testenv.Eventually(t, 20*time.Second, "key "+string(k)+" consumed", func() bool {
+		testenv.Eventually(t, 45*time.Second, "key "+string(k)+" consumed", func() bool {
 			return b.db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'charges' AND key = $1`, string(k)) == 1
 		})
 	}
