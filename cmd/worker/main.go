@@ -80,15 +80,20 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight work may take to finish after SIGTERM")
 	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: empty for none (trace context is still propagated), or stderr")
 	fs.StringVar(&o.roles, "roles", env("IDEM_ROLES", "all"), "components to run: all, or a comma list of ingress,relay,consumers")
-	fs.Func("ack-wait", "how long JetStream waits for a consumer's ack before redelivering (env IDEM_ACK_WAIT; default 30s)", func(v string) error {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return fmt.Errorf("want a positive duration such as 30s, got %q", v)
-		}
-		o.ackWait = d
-		return nil
+	fs.Func("ack-wait", "how long JetStream waits for a consumer's ack before redelivering (env IDEM_ACK_WAIT; default 30s)", func(v string) (err error) {
+		o.ackWait, err = parseAckWait(v)
+		return err
 	})
 	return fs, o
+}
+
+// parseAckWait reads --ack-wait or IDEM_ACK_WAIT.
+func parseAckWait(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("want a positive duration such as 30s, got %q", v)
+	}
+	return d, nil
 }
 
 func (o *options) logger(w io.Writer) (*slog.Logger, error) {
@@ -202,8 +207,8 @@ func runService(args []string, stderr io.Writer) error {
 	}
 	ackWait := o.ackWait
 	if v := os.Getenv("IDEM_ACK_WAIT"); v != "" && ackWait == 0 {
-		if ackWait, err = time.ParseDuration(v); err != nil || ackWait <= 0 {
-			return fmt.Errorf("IDEM_ACK_WAIT: want a positive duration such as 30s, got %q", v)
+		if ackWait, err = parseAckWait(v); err != nil {
+			return fmt.Errorf("IDEM_ACK_WAIT: %w", err)
 		}
 	}
 	// Zero keeps the consumers' default. The lifetime check at start counts it in
