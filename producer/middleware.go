@@ -121,6 +121,13 @@ type MiddlewareConfig struct {
 	// Outcome* constants, after the response is decided. It is the hook for
 	// metrics; it must be fast and safe for concurrent use.
 	OnOutcome func(outcome string)
+
+	// AfterCommit, if set, is called after a new request's record, business rows
+	// and outbox rows have committed and before its response is written: the
+	// window in which a crash leaves the client without an answer to an effect
+	// that happened. Fault injection uses it to crash there for real (the retry
+	// must be a replay); it cannot change the response.
+	AfterCommit func(ctx context.Context, scope string, key idem.Key)
 }
 
 // withDefaults returns a copy of c with zero fields replaced by their defaults.
@@ -345,6 +352,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// exactly what the key is for: the retry replays or executes, never both.
 		m.dbFailed(w, log, fmt.Errorf("middleware: commit: %w", err))
 		return
+	}
+	if m.cfg.AfterCommit != nil {
+		m.cfg.AfterCommit(ctx, scope, key)
 	}
 	log.Debug("middleware: executed and stored", "status", resp.status)
 	m.outcome(OutcomeNew)

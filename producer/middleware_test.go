@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -662,5 +663,39 @@ func TestMiddlewareFingerprint(t *testing.T) {
 	}
 	if len(a) != 32 {
 		t.Errorf("fingerprint is %d bytes, want 32 (SHA-256)", len(a))
+	}
+}
+
+// AfterCommit runs once per committed request, after the commit (the row is
+// visible from another connection) and before the response is written; never for
+// a replay or a rolled-back request.
+func TestMiddlewareAfterCommit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	type call struct {
+		scope     string
+		key       idem.Key
+		committed int
+	}
+	var calls []call
+	var h http.Handler
+	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{
+		AfterCommit: func(_ context.Context, scope string, key idem.Key) {
+			calls = append(calls, call{scope, key, db.Count(t, `SELECT count(*) FROM idem_requests WHERE key = $1 AND status = 'done'`, string(key))})
+		},
+	})
+	h = mw.Wrap(newTestApp(t))
+	body := `{"amount":1}`
+	for _, q := range []req{
+		{path: "/ok", key: key("k1"), scope: "tenant-a", body: body},
+		{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, // replay
+		{path: "/flaky", key: key("k2"), body: body},                 // 500: rolled back
+		{path: "/flaky", key: key("k2"), body: body},                 // the retry commits
+	} {
+		q.send(h)
+	}
+	want := []call{{"tenant-a", "k1", 1}, {"", "k2", 1}}
+	if !reflect.DeepEqual(calls, want) {
+		t.Fatalf("AfterCommit calls = %+v, want %+v", calls, want)
 	}
 }

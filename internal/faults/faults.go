@@ -29,6 +29,7 @@ const (
 	RelayAfterPublish   = "relay.after-publish"   // published, not marked
 	EmailAfterSend      = "email.after-send"      // the SMTP server took the mail, lease not completed
 	EffectBeforeCommit  = "effect.before-commit"  // effect done, inbox transaction not committed
+	IngressAfterCommit  = "ingress.after-commit"  // request committed, response not written
 
 	// SkipInboxClaim is not a crash but the chaos suite's negative control: armed
 	// (consumer.skip-inbox-claim=on), the charge consumer runs without its inbox

@@ -377,6 +377,15 @@ func (s *Service) startHTTP() error {
 		} else {
 			icfg.OnOutcome = s.Metrics.IngressOutcome
 		}
+		if s.cfg.Faults.Armed(faults.IngressAfterCommit) {
+			prev := icfg.AfterCommit
+			icfg.AfterCommit = func(ctx context.Context, scope string, key idem.Key) {
+				s.cfg.Faults.Hit(faults.IngressAfterCommit)
+				if prev != nil {
+					prev(ctx, scope, key)
+				}
+			}
+		}
 		ingress, err := demo.NewIngress(s.Pool, icfg)
 		if err != nil {
 			return err

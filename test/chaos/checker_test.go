@@ -366,7 +366,7 @@ func (r *run) checkDeadLetters(ctx context.Context, f *figures) error {
 
 // faultPoints are the deterministic fault points the suite arms.
 func faultPoints() []string {
-	return []string{"effect.before-commit", "consumer.after-commit", "email.after-send", "relay.after-publish"}
+	return []string{"effect.before-commit", "consumer.after-commit", "email.after-send", "relay.after-publish", "ingress.after-commit"}
 }
 
 // countFromLogs counts the fault points that fired (the worker says so on stderr

@@ -26,11 +26,11 @@ type workerSpec struct {
 // ingress.
 func topology() []workerSpec {
 	return []workerSpec{
-		{"w1", "ingress,consumers", []string{"effect.before-commit", "consumer.after-commit", "email.after-send"}},
-		{"w2", "ingress,consumers", []string{"consumer.after-commit", "effect.before-commit", "email.after-send"}},
+		{"w1", "ingress,consumers", []string{"effect.before-commit", "consumer.after-commit", "email.after-send", "ingress.after-commit"}},
+		{"w2", "ingress,consumers", []string{"consumer.after-commit", "effect.before-commit", "email.after-send", "ingress.after-commit"}},
 		{"w3", "consumers", []string{"email.after-send", "effect.before-commit", "consumer.after-commit"}},
 		{"w4", "relay", []string{"relay.after-publish"}},
-		{"w5", "relay,ingress", []string{"relay.after-publish"}},
+		{"w5", "relay,ingress", []string{"ingress.after-commit", "relay.after-publish"}},
 	}
 }
 
