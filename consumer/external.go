@@ -538,37 +538,19 @@ func (x *External) release(ctx context.Context, h dedupe.Holder) {
 // lease lost, it cancels Perform's context with errLeaseLost. stop waits for the
 // heartbeat goroutine, so no extension lands after it returns.
 func (x *External) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, d *Delivery, h dedupe.Holder) (stop func()) {
-	every := max(min(x.cfg.LeaseFor, x.cfg.AckWait)/3, time.Millisecond)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			_ = d.raw.InProgress()
-			_, err := dedupe.ExtendLease(ctx, x.pool, h, x.cfg.LeaseFor)
-			switch {
-			case errors.Is(err, dedupe.ErrLeaseLost):
-				cancel(errLeaseLost)
-				return
-			case err != nil && ctx.Err() == nil:
-				// Keep trying: the lease still runs for a while, and the next
-				// extension may succeed.
-				x.log.Warn("lease extension failed", "key", h.Key, "err", err)
-			}
+	interval := max(min(x.cfg.LeaseFor, x.cfg.AckWait)/3, time.Millisecond)
+	return every(ctx, interval, func() bool {
+		_ = d.raw.InProgress()
+		_, err := dedupe.ExtendLease(ctx, x.pool, h, x.cfg.LeaseFor)
+		switch {
+		case errors.Is(err, dedupe.ErrLeaseLost):
+			cancel(errLeaseLost)
+			return false
+		case err != nil && ctx.Err() == nil:
+			// Keep trying: the lease still runs for a while, and the next
+			// extension may succeed.
+			x.log.Warn("lease extension failed", "key", h.Key, "err", err)
 		}
-	}()
-	return func() {
-		close(done)
-		wg.Wait()
-	}
+		return true
+	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -287,9 +288,24 @@ func (c *Consumer) count(outcome string, n int) {
 // heartbeat tells JetStream the batch is still being worked on, every third of
 // AckWait, so a long transaction does not trigger a redelivery to another worker.
 func (c *Consumer) heartbeat(ctx context.Context, msgs []jetstream.Msg) (stop func()) {
+	return every(ctx, c.cfg.AckWait/3, func() bool {
+		for _, m := range msgs {
+			_ = m.InProgress()
+		}
+		return true
+	})
+}
+
+// every runs tick every interval in its own goroutine until tick returns false,
+// ctx ends or stop is called. stop waits for the goroutine, so no tick runs after
+// it returns (no heartbeat after the ack, no lease extension after completion).
+func every(ctx context.Context, interval time.Duration, tick func() (again bool)) (stop func()) {
 	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
 	go func() {
-		t := time.NewTicker(c.cfg.AckWait / 3)
+		defer wg.Done()
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {
@@ -298,13 +314,16 @@ func (c *Consumer) heartbeat(ctx context.Context, msgs []jetstream.Msg) (stop fu
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				for _, m := range msgs {
-					_ = m.InProgress()
-				}
+			}
+			if !tick() {
+				return
 			}
 		}
 	}()
-	return func() { close(done) }
+	return func() {
+		close(done)
+		wg.Wait()
+	}
 }
 
 func indexOf(ds []*Delivery, d *Delivery) int {
