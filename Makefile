@@ -1,4 +1,4 @@
-# The README's two commands are `make run` and `make test`.
+# The README's two commands are `go run ./cmd/worker` (also `make run`) and `make test`.
 
 GO ?= go
 # Packages whose tests run long multi-process scenarios get their own timeout.
@@ -10,7 +10,7 @@ TEST_FLAGS ?= -race -count=1 -timeout 20m
 run:
 	$(GO) run ./cmd/worker
 
-## test: vet, the whole suite under the race detector, and a short fuzz run
+## test: vet, the whole suite under the race detector, and short fuzz runs
 test: vet
 	$(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) fuzz FUZZTIME=10s
@@ -20,7 +20,8 @@ vet:
 
 FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run='^$$' -fuzz=FuzzJournalDecode -fuzztime=$(FUZZTIME) ./producer/
+	$(GO) test -run='^$$' -fuzz=FuzzJournalDecode -fuzztime=$(FUZZTIME) ./client/
+	$(GO) test -run='^$$' -fuzz=FuzzScopedKey -fuzztime=$(FUZZTIME) .
 
 ## chaos-soak: a long fault-injection run (see test/chaos/README.md)
 chaos-soak:

@@ -8,10 +8,20 @@
 // idem_inbox inside the same Postgres transaction as the effect. Each repeat of a hop
 // is folded by the next unique constraint.
 //
-// This root package holds only the vocabulary shared by every other package: the key
-// type and its validation, header names, the message type and sentinel errors. See
-// the packages producer, outbox, dedupe and consumer for the moving parts, and
-// DESIGN.md for the architecture.
+// This root package holds only the vocabulary every other package shares: the key
+// and its validation, scoped keys, subjects, header names, the message type, the one
+// hook shape ([Event], [Observer]) and the sentinel errors. The moving parts live in
+// their own packages:
+//
+//   - client: the client side (durable journal, retries with the same key);
+//   - producer: the HTTP Idempotency-Key middleware of a producing service;
+//   - outbox: Enqueue inside the caller's transaction, and the Relay to JetStream;
+//   - dedupe: the Postgres inbox, leases for external effects, the lifetime invariant;
+//   - consumer: the JetStream pull engine that runs handlers exactly once per key;
+//   - worker: the composition root that runs all of the above in a service;
+//   - idemtest: a test kit that proves a user's own handler folds repeats.
+//
+// docs/ARCHITECTURE.md in the repository describes the design as built.
 package idem
 
 import (
@@ -36,7 +46,7 @@ const (
 	HeaderMsgID = "Nats-Msg-Id"
 )
 
-// MaxKeyLen is the longest key accepted, in bytes.
+// MaxKeyLen is the longest key (and the longest scope) accepted, in bytes.
 const MaxKeyLen = 255
 
 // scopeSep joins a scope and a key. It is outside the printable ASCII range that both
@@ -48,11 +58,15 @@ const scopeSep = "\x1f"
 var (
 	// ErrMissingKey: a state-changing request or a message carried no key.
 	ErrMissingKey = errors.New("idem: missing idempotency key")
-	// ErrMalformedKey: the key is empty, longer than MaxKeyLen or not printable ASCII.
+	// ErrMalformedKey: the key (or its scope) is empty, longer than MaxKeyLen or not
+	// printable ASCII.
 	ErrMalformedKey = errors.New("idem: malformed idempotency key")
 	// ErrFingerprintMismatch: the key was seen before with a different payload. It is a
 	// producer bug and is rejected, never merged silently.
 	ErrFingerprintMismatch = errors.New("idem: same key with a different payload")
+	// ErrBadSubject: a subject is not a literal NATS subject, or a filter is not a
+	// valid subject filter, or a subject lies outside the stream's subjects.
+	ErrBadSubject = errors.New("idem: bad subject")
 )
 
 // Key is an idempotency key: the name of one user intent. It is minted on the client
@@ -91,7 +105,7 @@ func ValidateScope(s string) error {
 		return nil
 	}
 	if err := checkToken(s); err != nil {
-		return fmt.Errorf("idem: malformed idempotency scope: %v", err)
+		return fmt.Errorf("%w: scope: %v", ErrMalformedKey, err)
 	}
 	return nil
 }
@@ -121,12 +135,30 @@ func ScopedKey(scope string, key Key) string {
 	return scope + scopeSep + string(key)
 }
 
-// SplitScopedKey reverses ScopedKey.
-func SplitScopedKey(scoped string) (scope string, key Key) {
-	if i := strings.Index(scoped, scopeSep); i >= 0 {
-		return scoped[:i], Key(scoped[i+len(scopeSep):])
+// ParseScopedKey reverses ScopedKey and validates both halves: it is the one parser
+// of the identity carried on messages, used by the outbox, the consumers and the
+// Watermill adapter alike. An empty s is ErrMissingKey; anything else that ScopedKey
+// could not have produced from a valid scope and key is ErrMalformedKey.
+func ParseScopedKey(s string) (scope string, key Key, err error) {
+	if s == "" {
+		return "", "", ErrMissingKey
 	}
-	return "", Key(scoped)
+	scope, bare, found := strings.Cut(s, scopeSep)
+	if !found {
+		scope, bare = "", s
+	} else if scope == "" {
+		return "", "", fmt.Errorf("%w: empty scope before the separator", ErrMalformedKey)
+	}
+	if err := ValidateScope(scope); err != nil {
+		return "", "", err
+	}
+	if key, err = ParseKey(bare); err != nil {
+		if errors.Is(err, ErrMissingKey) {
+			err = fmt.Errorf("%w: empty key after the scope", ErrMalformedKey)
+		}
+		return "", "", err
+	}
+	return scope, key, nil
 }
 
 // MsgID derives the JetStream Nats-Msg-Id for one message of an intent. JetStream
@@ -142,21 +174,12 @@ func MsgID(subject, scopedKey string) string {
 type Message struct {
 	// Key is the scoped idempotency key (see ScopedKey).
 	Key string
-	// Subject is the JetStream subject, under "idem.".
+	// Subject is the literal JetStream subject (see ValidateSubject); it must lie
+	// under the subjects of the stream the relay publishes to.
 	Subject string
 	// Headers are extra headers carried with the message (trace context, say).
 	// Idempotency-Key and Nats-Msg-Id are set by the relay and need not be here.
 	Headers map[string]string
-	// Payload is the message body, JSON for the demo subjects.
+	// Payload is the message body.
 	Payload []byte
 }
-
-// Subjects of the demo service.
-const (
-	SubjectCharge = "idem.payments.charge"
-	SubjectEmail  = "idem.emails.send"
-	// StreamName is the JetStream stream holding every idem.> subject.
-	StreamName = "IDEM"
-	// StreamSubjects is the stream's subject filter.
-	StreamSubjects = "idem.>"
-)

@@ -9,43 +9,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/outbox"
 )
 
-// deadLetter files d in idem_dead_letters with reason, then terminates it on the
-// broker. If the row cannot be written the message is not terminated but naked, so
-// it is never dropped without a trace.
-func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
-	headers, _ := json.Marshal(d.Headers)
-	var seq *int64
-	if d.StreamSeq > 0 {
-		s := int64(d.StreamSeq)
-		seq = &s
-	}
-	if _, err := c.pool.Exec(ctx, sqlInsertDeadLetter, c.cfg.Name, d.Key, d.Subject, headers, d.Payload, reason, d.Deliveries, seq); err != nil {
-		c.log.Error("dead letter could not be written; message left for redelivery", "key", d.Key, "reason", reason, "err", err)
-		_ = d.raw.NakWithDelay(c.cfg.Backoff(d.Deliveries))
-		c.count(OutcomeFailed, 1)
-		return
-	}
-	c.log.Warn("message dead-lettered", "key", d.Key, "reason", reason, "deliveries", d.Deliveries, "stream_seq", d.StreamSeq)
-	if err := d.raw.TermWithReason(truncate(reason, 200)); err != nil {
-		c.log.Warn("terminate failed; the redelivery will be dead-lettered again (once)", "key", d.Key, "err", err)
-	}
-	c.count(OutcomeDeadLettered, 1)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
-
-// DeadLetter is one row of idem_dead_letters.
+// DeadLetter is one row of idem_dead_letters: a message that can never succeed as it
+// is, with the reason.
 type DeadLetter struct {
 	ID         int64             `json:"id"`
 	Consumer   string            `json:"consumer"`
@@ -59,9 +30,28 @@ type DeadLetter struct {
 	ReplayedAt *time.Time        `json:"replayed_at,omitempty"`
 }
 
-// ListDeadLetters returns up to limit dead letters, newest first.
-func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, limit int) ([]DeadLetter, error) {
-	rows, err := pool.Query(ctx, sqlListDeadLetters, limit)
+// DeadLetters is the operator's view of idem_dead_letters: list, inspect, replay.
+type DeadLetters struct {
+	pool   *pgxpool.Pool
+	q      queries
+	outbox *outbox.Outbox
+}
+
+// NewDeadLetters returns the dead letters of schema (default "public") in pool.
+func NewDeadLetters(pool *pgxpool.Pool, schema string) (*DeadLetters, error) {
+	if err := pgschema.Validate(schema); err != nil {
+		return nil, fmt.Errorf("consumer: dead letters: %w", err)
+	}
+	ob, err := outbox.New(outbox.Config{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	return &DeadLetters{pool: pool, q: newQueries(schema), outbox: ob}, nil
+}
+
+// List returns up to limit dead letters, newest first.
+func (dl *DeadLetters) List(ctx context.Context, limit int) ([]DeadLetter, error) {
+	rows, err := dl.pool.Query(ctx, dl.q.listDeadLetters, limit)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
 	}
@@ -72,9 +62,50 @@ func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, limit int) ([]Dead
 	return out, nil
 }
 
-// GetDeadLetter returns one dead letter.
-func GetDeadLetter(ctx context.Context, pool *pgxpool.Pool, id int64) (DeadLetter, error) {
-	rows, err := pool.Query(ctx, sqlGetDeadLetter, id)
+// Get returns one dead letter.
+func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
+	return getDeadLetter(ctx, dl.pool, dl.q.getDeadLetter, id)
+}
+
+// Replay puts dead letter id back on its way, with its original key: it writes the
+// message into the outbox under a new Msg-Id generation (so the broker's duplicate
+// window does not swallow it, nor a second replay) and records the replay, in one
+// transaction. The relay publishes it. A replay of a message whose effect already
+// happened is still a duplicate: the inbox folds it by key. A message without a
+// valid key cannot be replayed: fix its producer instead.
+func (dl *DeadLetters) Replay(ctx context.Context, id int64) (DeadLetter, error) {
+	var out DeadLetter
+	err := pgx.BeginFunc(ctx, dl.pool, func(tx pgx.Tx) error {
+		d, err := getDeadLetter(ctx, tx, dl.q.getDeadLetterForUpdate, id)
+		if err != nil {
+			return err
+		}
+		headers := make(map[string]string, len(d.Headers))
+		for k, v := range d.Headers {
+			if k != idem.HeaderKey && k != idem.HeaderMsgID {
+				headers[k] = v // the relay sets both afresh
+			}
+		}
+		msg := idem.Message{Key: d.Key, Subject: d.Subject, Headers: headers, Payload: d.Payload}
+		generation := fmt.Sprintf("replay-%d-%d", id, time.Now().UnixNano())
+		if err := dl.outbox.Republish(ctx, tx, generation, msg); err != nil {
+			return fmt.Errorf("consumer: replay dead letter %d: %w", id, err)
+		}
+		if _, err := tx.Exec(ctx, dl.q.markReplayed, id); err != nil {
+			return fmt.Errorf("consumer: replay dead letter %d: record: %w", id, err)
+		}
+		out = d
+		return nil
+	})
+	return out, err
+}
+
+type queryer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+func getDeadLetter(ctx context.Context, db queryer, sql string, id int64) (DeadLetter, error) {
+	rows, err := db.Query(ctx, sql, id)
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: %w", id, err)
 	}
@@ -96,34 +127,4 @@ func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 		err = json.Unmarshal(headers, &dl.Headers)
 	}
 	return dl, err
-}
-
-// ReplayDeadLetter publishes dead letter id again, with the same Idempotency-Key and
-// a Nats-Msg-Id of its own (so the broker's de-duplication window does not swallow
-// it, nor a second replay), and records when. Replaying a message whose effect already happened is still
-// a duplicate: the inbox folds it by key. Replaying a message that has no key, or a
-// fingerprint mismatch, will be dead-lettered again: fix the producer instead.
-func ReplayDeadLetter(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, id int64) (DeadLetter, error) {
-	dl, err := GetDeadLetter(ctx, pool, id)
-	if err != nil {
-		return dl, err
-	}
-	msg := nats.NewMsg(dl.Subject)
-	for k, v := range dl.Headers {
-		msg.Header.Set(k, v)
-	}
-	if dl.Key != "" {
-		msg.Header.Set(idem.HeaderKey, dl.Key)
-	}
-	// Each replay gets its own Msg-Id, so even a second replay of the same dead
-	// letter reaches the consumer, whose inbox (not the broker) decides.
-	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s replay-%d-%d", idem.MsgID(dl.Subject, dl.Key), id, time.Now().UnixNano()))
-	msg.Data = dl.Payload
-	if _, err := js.PublishMsg(ctx, msg); err != nil {
-		return dl, fmt.Errorf("consumer: replay dead letter %d: publish: %w", id, err)
-	}
-	if _, err := pool.Exec(ctx, sqlMarkReplayed, id); err != nil {
-		return dl, fmt.Errorf("consumer: replay dead letter %d: published, but recording it failed: %w", id, err)
-	}
-	return dl, nil
 }

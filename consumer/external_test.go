@@ -18,36 +18,37 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testenv"
 )
 
-// The external tests reuse setup, bundle and outcomes from consumer_test.go, and use
-// the email subject: any subject of the stream would do.
+// The external tests reuse setup and bundle from consumer_test.go.
 const extName = "external"
 
 // extConfig is an External with test-friendly timings: short leases and ack waits,
 // quick retries.
-func (b *bundle) extConfig(h consumer.ExternalHandler) consumer.ExternalConfig {
-	return consumer.ExternalConfig{
-		Name:      extName,
-		Subject:   idem.SubjectEmail,
-		Handler:   h,
-		LeaseFor:  500 * time.Millisecond,
-		AckWait:   500 * time.Millisecond,
-		Backoff:   func(int) time.Duration { return 50 * time.Millisecond },
-		OnOutcome: b.out.add,
+func (b *bundle) extConfig(h consumer.ExternalHandler) consumer.Config {
+	return consumer.Config{
+		Name:     extName,
+		Stream:   testenv.Stream,
+		Subject:  testenv.Subject,
+		External: h,
+		LeaseFor: 500 * time.Millisecond,
+		AckWait:  500 * time.Millisecond,
+		Backoff:  func(int) time.Duration { return 50 * time.Millisecond },
+		Observer: b.out.Observe,
 	}
 }
 
-// startExternal runs an External until the returned stop is called (or the test
-// ends).
-func (b *bundle) startExternal(t *testing.T, cfg consumer.ExternalConfig) (stop func()) {
-	t.Helper()
-	x, err := consumer.NewExternal(b.env.DB.Pool, b.env.JS, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testenv.Go(t, "External.Run", x.Run)
+// dieAfterPerform is a context whose consumer "dies" after an effect succeeded and
+// before its outcome is recorded, whenever dies says so for the effect's key.
+func dieAfterPerform(dies func(key string) bool) context.Context {
+	return faults.With(context.Background(), faults.New().Func(faults.ExternalAfterPerform, func(_ context.Context, keys []string) error {
+		if dies(keys[0]) {
+			return errors.New("fault: worker died after the effect, before completing")
+		}
+		return nil
+	}))
 }
 
 // effectLog records every call of a fake external effect.
@@ -103,43 +104,6 @@ func inboxRow(t *testing.T, b *bundle, key string) (status string, result []byte
 	return status, result, attempts
 }
 
-func TestExternalConfigValidate(t *testing.T) {
-	t.Parallel()
-	h := consumer.ExternalHandlerFunc(func(context.Context, *consumer.Effect) ([]byte, error) { return nil, nil })
-	cases := []struct {
-		name string
-		cfg  consumer.ExternalConfig
-		ok   bool
-	}{
-		{"minimal", consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h}, true},
-		{"no name", consumer.ExternalConfig{Subject: "idem.x", Handler: h}, false},
-		{"no subject", consumer.ExternalConfig{Name: "n", Handler: h}, false},
-		{"no handler", consumer.ExternalConfig{Name: "n", Subject: "idem.x"}, false},
-		{"negative lease", consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h, LeaseFor: -time.Second}, false},
-		{"negative concurrency", consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h, Concurrency: -1}, false},
-	}
-	for _, tc := range cases {
-		_, err := consumer.NewExternal(nil, nil, tc.cfg)
-		if (err == nil) != tc.ok {
-			t.Errorf("%s: err = %v, want ok=%v", tc.name, err, tc.ok)
-		}
-	}
-	x, err := consumer.NewExternal(nil, nil, cases[0].cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := x.Config(); c.LeaseFor <= 0 || c.AckWait <= 0 || c.MaxDeliver <= 0 || c.Concurrency != 1 {
-		t.Errorf("defaults not filled in: %+v", c)
-	}
-	// A crashed worker's message is retried only once its lease ends, so the
-	// horizon counts the longer of the lease and the ack wait.
-	long := consumer.ExternalConfig{Name: "n", Subject: "idem.x", Handler: h, LeaseFor: time.Hour, AckWait: time.Second, MaxDeliver: 2,
-		Backoff: func(int) time.Duration { return time.Minute }}
-	if got, want := long.RedeliveryHorizon(), 2*(time.Hour+time.Minute); got != want {
-		t.Errorf("RedeliveryHorizon = %s, want %s", got, want)
-	}
-}
-
 // The effect runs once per key; its result is stored; copies of the message with
 // other Nats-Msg-Ids, before and after completion, are acked without an effect.
 func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
@@ -150,14 +114,14 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 		return fmt.Appendf(nil, `{"sent_to":%q}`, string(e.Payload)), nil
 	})
 	for i := range 3 {
-		b.env.Publish(t, idem.SubjectEmail, "k-once", fmt.Sprintf("copy-%d", i), []byte("a@example.com"))
+		b.env.Publish(t, testenv.Subject, "k-once", fmt.Sprintf("copy-%d", i), []byte("a@example.com"))
 	}
-	b.env.Publish(t, idem.SubjectEmail, "k-other", "other", []byte("b@example.com"))
-	b.startExternal(t, b.extConfig(h))
+	b.env.Publish(t, testenv.Subject, "k-other", "other", []byte("b@example.com"))
+	b.start(t, b.extConfig(h))
 
 	drained := b.env.Drained(t, extName)
 	testenv.Eventually(t, 45*time.Second, "both keys completed and all 4 messages acked", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 2 && drained()
+		return b.out.Get(consumer.OutcomeProcessed) == 2 && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
 		t.Fatalf("effects for k-once = %d, want 1", n)
@@ -171,10 +135,10 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 	}
 
 	// A late copy (a relay re-publish, a dead-letter replay) is a duplicate too.
-	dups := b.out.get(consumer.OutcomeDuplicate)
-	b.env.Publish(t, idem.SubjectEmail, "k-once", "late-copy", []byte("a@example.com"))
+	dups := b.out.Get(consumer.OutcomeDuplicate)
+	b.env.Publish(t, testenv.Subject, "k-once", "late-copy", []byte("a@example.com"))
 	testenv.Eventually(t, 45*time.Second, "the late copy folded", func() bool {
-		return b.out.get(consumer.OutcomeDuplicate) > dups && drained()
+		return b.out.Get(consumer.OutcomeDuplicate) > dups && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
 		t.Fatalf("effects for k-once after a late copy = %d, want 1", n)
@@ -203,9 +167,9 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 	cfg := b.extConfig(h)
 	cfg.LeaseFor, cfg.AckWait = 600*time.Millisecond, 600*time.Millisecond
 	cfg.Concurrency = 2 // a free slot for the copy, so only the lease can hold it back
-	b.startExternal(t, cfg)
+	b.start(t, cfg)
 
-	b.env.Publish(t, idem.SubjectEmail, "k-slow", "first", []byte("x"))
+	b.env.Publish(t, testenv.Subject, "k-slow", "first", []byte("x"))
 	<-started
 	// Wait until the lease has been extended to well past three LeaseFors (and
 	// AckWaits) after the claim: only extensions can get it there.
@@ -213,13 +177,13 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-slow' AND status = 'leased'
 			AND lease_until > created_at + interval '1800 milliseconds'`) == 1
 	})
-	if n := b.out.get(consumer.OutcomeBusy); n != 0 {
+	if n := b.out.Get(consumer.OutcomeBusy); n != 0 {
 		t.Fatalf("the holder's own message came back %d times while it was being performed: heartbeats missing", n)
 	}
 
-	b.env.Publish(t, idem.SubjectEmail, "k-slow", "copy", []byte("x"))
+	b.env.Publish(t, testenv.Subject, "k-slow", "copy", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the copy to back off twice", func() bool {
-		return b.out.get(consumer.OutcomeBusy) >= 2
+		return b.out.Get(consumer.OutcomeBusy) >= 2
 	})
 	if n := log.count("k-slow"); n != 1 {
 		t.Fatalf("effects while the first was still sending = %d, want 1", n)
@@ -227,7 +191,7 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 
 	close(release)
 	testenv.Eventually(t, 45*time.Second, "first processed and copy folded", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 1 && b.out.get(consumer.OutcomeDuplicate) == 1
+		return b.out.Get(consumer.OutcomeProcessed) == 1 && b.out.Get(consumer.OutcomeDuplicate) == 1
 	})
 	if n := log.count("k-slow"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
@@ -249,22 +213,20 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 	var died atomic.Bool
 	cfg := b.extConfig(h)
 	cfg.LeaseFor, cfg.AckWait = 800*time.Millisecond, 300*time.Millisecond
-	cfg.AfterPerform = func(context.Context, *consumer.Delivery, error) error {
+	stop := b.startCtx(t, dieAfterPerform(func(string) bool {
 		died.Store(true)
-		return errors.New("fault: worker died after the effect, before completing")
-	}
-	stop := b.startExternal(t, cfg)
-	b.env.Publish(t, idem.SubjectEmail, "k-died", "k-died", []byte("x"))
+		return true
+	}), cfg)
+	b.env.Publish(t, testenv.Subject, "k-died", "k-died", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the first worker to perform and die", died.Load)
 	stop()
 	if status, _, _ := inboxRow(t, b, "k-died"); status != "leased" {
 		t.Fatalf("after the crash the key is %q, want leased (performed, not completed)", status)
 	}
 
-	cfg.AfterPerform = nil
-	b.startExternal(t, cfg) // the next worker, same durable consumer
+	b.start(t, cfg) // the next worker, same durable consumer
 	testenv.Eventually(t, 45*time.Second, "the takeover to complete", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 1
+		return b.out.Get(consumer.OutcomeProcessed) == 1
 	})
 	calls := log.of("k-died")
 	if len(calls) != 2 {
@@ -277,12 +239,12 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 	if status != "done" || string(result) != `{"attempt":2}` || attempts != 2 {
 		t.Fatalf("inbox row = %s %q attempts %d, want done with the takeover's result", status, result, attempts)
 	}
-	t.Logf("busy back-offs while the dead worker's lease ran out: %d", b.out.get(consumer.OutcomeBusy))
+	t.Logf("busy back-offs while the dead worker's lease ran out: %d", b.out.Get(consumer.OutcomeBusy))
 
 	// Completed: a later copy is folded without a third effect.
-	b.env.Publish(t, idem.SubjectEmail, "k-died", "later", []byte("x"))
+	b.env.Publish(t, testenv.Subject, "k-died", "later", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the later copy folded", func() bool {
-		return b.out.get(consumer.OutcomeDuplicate) == 1
+		return b.out.Get(consumer.OutcomeDuplicate) == 1
 	})
 	if n := log.count("k-died"); n != 2 {
 		t.Fatalf("effects after completion = %d, want still 2", n)
@@ -315,10 +277,10 @@ func TestExternalFailureResumesFromCheckpoint(t *testing.T) {
 	})
 	cfg := b.extConfig(h)
 	cfg.LeaseFor = time.Minute
-	b.startExternal(t, cfg)
-	b.env.Publish(t, idem.SubjectEmail, "k-steps", "k-steps", []byte("x"))
+	b.start(t, cfg)
+	b.env.Publish(t, testenv.Subject, "k-steps", "k-steps", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the retry to complete", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 1
+		return b.out.Get(consumer.OutcomeProcessed) == 1
 	})
 	if stepOne.Load() != 1 || stepTwo.Load() != 1 {
 		t.Fatalf("step one ran %d times, step two %d; want 1 and 1", stepOne.Load(), stepTwo.Load())
@@ -326,8 +288,8 @@ func TestExternalFailureResumesFromCheckpoint(t *testing.T) {
 	if calls := log.of("k-steps"); len(calls) != 2 || calls[1].step != "one" {
 		t.Fatalf("attempts %+v: want 2, the second resuming after step one", calls)
 	}
-	if b.out.get(consumer.OutcomeFailed) != 1 {
-		t.Errorf("failed outcomes = %d, want 1", b.out.get(consumer.OutcomeFailed))
+	if b.out.Get(consumer.OutcomeFailed) != 1 {
+		t.Errorf("failed outcomes = %d, want 1", b.out.Get(consumer.OutcomeFailed))
 	}
 }
 
@@ -354,12 +316,8 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 	cfg := b.extConfig(h)
 	cfg.MaxDeliver = 3
 	cfg.LeaseFor, cfg.AckWait = 300*time.Millisecond, 300*time.Millisecond
-	cfg.AfterPerform = func(_ context.Context, d *consumer.Delivery, _ error) error {
-		if strings.Contains(string(d.Payload), "die") {
-			return errors.New("fault: the worker dies on this one, every time")
-		}
-		return nil
-	}
+	// The worker dies on k-die after every successful attempt, before recording it.
+	dying := dieAfterPerform(func(key string) bool { return key == "k-die" })
 
 	good := []byte(`{"do":"ok"}`)
 	cases := []struct {
@@ -374,16 +332,16 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 		{"keeps failing", "k-flaky", []byte(`{"do":"flaky"}`), "max deliveries exceeded: failed 3 attempts"},
 		{"worker keeps dying", "k-die", []byte(`{"do":"die"}`), "max deliveries exceeded: attempted 3 times"},
 	}
-	b.env.Publish(t, idem.SubjectEmail, "k-good-0", "good-0", good)
+	b.env.Publish(t, testenv.Subject, "k-good-0", "good-0", good)
 	for i, tc := range cases {
-		b.env.Publish(t, idem.SubjectEmail, tc.key, "poison-"+tc.name, tc.payload)
-		b.env.Publish(t, idem.SubjectEmail, fmt.Sprintf("k-good-%d", i+1), "good-"+tc.name, good)
+		b.env.Publish(t, testenv.Subject, tc.key, "poison-"+tc.name, tc.payload)
+		b.env.Publish(t, testenv.Subject, fmt.Sprintf("k-good-%d", i+1), "good-"+tc.name, good)
 	}
-	b.startExternal(t, cfg)
+	b.startCtx(t, dying, cfg)
 
 	drained := b.env.Drained(t, extName)
 	testenv.Eventually(t, 45*time.Second, "all good processed and every message settled", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
+		return b.out.Get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
 	})
 	for _, tc := range cases {
 		n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = $1 AND key = $2 AND reason LIKE $3 || '%'`, extName, tc.key, tc.reason)
@@ -421,21 +379,21 @@ func TestExternalContinuesProducerTrace(t *testing.T) {
 	})
 	cfg := b.extConfig(h)
 	cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	msg := nats.NewMsg(idem.SubjectEmail)
+	msg := nats.NewMsg(testenv.Subject)
 	msg.Header.Set(idem.HeaderKey, "k-traced")
 	msg.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
 	msg.Data = []byte("x")
 	if _, err := b.env.JS.PublishMsg(context.Background(), msg); err != nil {
 		t.Fatal(err)
 	}
-	b.startExternal(t, cfg)
+	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "the traced message processed", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 1 && len(rec.Ended()) == 1
+		return b.out.Get(consumer.OutcomeProcessed) == 1 && len(rec.Ended()) == 1
 	})
 	if got, _ := seen.Load().(string); got != traceID {
 		t.Errorf("Perform's trace id = %q, want the producer's %s", got, traceID)
 	}
-	if sp := rec.Ended()[0]; sp.Name() != "idem.consume "+idem.SubjectEmail || sp.SpanContext().TraceID().String() != traceID {
+	if sp := rec.Ended()[0]; sp.Name() != "idem.consume "+testenv.Subject || sp.SpanContext().TraceID().String() != traceID {
 		t.Errorf("span %q in trace %s, want the consume span in the producer's trace", sp.Name(), sp.SpanContext().TraceID())
 	}
 }

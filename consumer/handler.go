@@ -21,10 +21,9 @@ type Delivery struct {
 	// StreamSeq is the message's sequence in the stream.
 	StreamSeq uint64
 
-	fingerprint []byte
-	raw         jetstream.Msg
-	ctx         context.Context // carries the producer's trace and this delivery's span
-	span        trace.Span
+	raw  jetstream.Msg
+	ctx  context.Context // carries the producer's trace and this delivery's span
+	span trace.Span
 }
 
 // Context returns a context carrying this delivery's tracing span, a child of the
@@ -42,7 +41,7 @@ func (d *Delivery) Context() context.Context {
 // returned result is stored as the key's first result.
 //
 // Returning an error rolls back the message's claim and writes; the message is
-// redelivered after a delay, up to MaxDeliver times, then dead-lettered. Wrap the
+// redelivered after a delay, up to MaxDeliver attempts, then dead-lettered. Wrap the
 // error with Permanent when retrying cannot help (a payload that does not decode).
 type Handler interface {
 	Handle(ctx context.Context, tx pgx.Tx, d *Delivery) (result []byte, err error)

@@ -2,7 +2,9 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -10,16 +12,45 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
 )
+
+// decodingEffect is testenv.Effect behind a payload check, as a real handler
+// decodes its messages: a payload that is not {"n": <non-negative number>} can never
+// succeed, so it is a Permanent error for that delivery alone.
+type decodingEffect struct{}
+
+func (decodingEffect) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([][]byte, error) {
+	for i, d := range ds {
+		var p struct {
+			N *int `json:"n"`
+		}
+		if err := json.Unmarshal(d.Payload, &p); err != nil {
+			return nil, consumer.BatchError(i, consumer.Permanent(fmt.Errorf("decode: %w", err)))
+		}
+		if p.N == nil || *p.N < 0 {
+			return nil, consumer.BatchError(i, consumer.Permanent(errors.New("n must be a non-negative number")))
+		}
+	}
+	return testenv.Effect{}.HandleBatch(ctx, tx, ds)
+}
+
+// effectThen is a Handler that writes the test effect through tx and then returns
+// err (nil: succeed): the write must commit or roll back with the claim.
+func effectThen(ctx context.Context, tx pgx.Tx, d *consumer.Delivery, err error) ([]byte, error) {
+	if _, werr := (testenv.Effect{}).HandleBatch(ctx, tx, []*consumer.Delivery{d}); werr != nil {
+		return nil, werr
+	}
+	return []byte(`"ok"`), err
+}
 
 // Every kind of poison is dead-lettered with its reason while normal traffic keeps
 // flowing, and nothing is retried forever.
 func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 	b := setup(t)
-	good := testenv.ChargePayload("acct_ok", 100)
+	good := payload(100)
+	mismatched := payload(999)
 	cases := []struct {
 		name, key string
 		payload   []byte
@@ -27,34 +58,46 @@ func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 	}{
 		{"no key", "", good, "missing Idempotency-Key"},
 		{"key too long", strings.Repeat("k", 300), good, "malformed Idempotency-Key"},
-		{"undecodable payload", "k-garbage", []byte(`{"account": 12`), "permanent handler error"},
-		{"invalid amount", "k-negative", []byte(`{"account":"a","amount_cents":-5}`), "permanent handler error"},
-		{"fingerprint mismatch", "k-good-0", testenv.ChargePayload("acct_ok", 999), "fingerprint mismatch"},
+		{"empty scope before the separator", "\x1fk-scoped", good, "malformed Idempotency-Key"},
+		{"undecodable payload", "k-garbage", []byte(`{"n": 12`), "permanent handler error"},
+		{"invalid payload", "k-negative", []byte(`{"n":-5}`), "permanent handler error"},
+		{"fingerprint mismatch", "k-good-0", mismatched, "fingerprint mismatch"},
 	}
 	// A good message first, so the mismatch case has something to mismatch.
-	b.env.Publish(t, idem.SubjectCharge, "k-good-0", "good-0", good)
+	b.env.Publish(t, testenv.Subject, "k-good-0", "good-0", good)
 	for i, tc := range cases {
-		b.env.Publish(t, idem.SubjectCharge, tc.key, "poison-"+tc.name, tc.payload)
-		b.env.Publish(t, idem.SubjectCharge, "k-good-"+string(rune('1'+i)), "good-"+tc.name, good)
+		b.env.Publish(t, testenv.Subject, tc.key, "poison-"+tc.name, tc.payload)
+		b.env.Publish(t, testenv.Subject, fmt.Sprintf("k-good-%d", i+1), "good-"+tc.name, good)
 	}
-	b.start(t, b.chargeConfig())
+	cfg := b.config()
+	cfg.BatchHandler = decodingEffect{}
+	b.start(t, cfg)
 
-	drained := b.env.Drained(t, "charges")
-	testenv.Eventually(t, 45*time.Second, "all good processed and every message settled", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
+	drained := b.env.Drained(t, effectName)
+	testenv.Eventually(t, 45*time.Second, "every message settled", func() bool {
+		return b.out.Get(consumer.OutcomeProcessed)+b.out.Get(consumer.OutcomeDeadLettered) >= 2*len(cases)+1 && drained()
 	})
+	if n := b.out.Get(consumer.OutcomeProcessed); n != len(cases)+1 {
+		t.Errorf("processed = %d, want the %d good messages", n, len(cases)+1)
+	}
 	for _, tc := range cases {
 		n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = $1 AND reason LIKE $2 || '%'`, tc.key, tc.reason)
 		if n != 1 {
 			t.Errorf("%s: %d dead letters with reason %q, want 1", tc.name, n, tc.reason)
 		}
 	}
-	if n := b.env.DB.Count(t, `SELECT count(*) FROM ledger_entries WHERE account = 'acct_ok'`); n != len(cases)+1 {
-		t.Errorf("good ledger rows = %d, want %d", n, len(cases)+1)
+	if n := b.out.Get(consumer.OutcomeDeadLettered); n != len(cases) {
+		t.Errorf("dead-lettered outcomes = %d, want %d", n, len(cases))
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM test_effects WHERE key LIKE 'k-good-%'`); n != len(cases)+1 {
+		t.Errorf("good effects = %d, want %d", n, len(cases)+1)
 	}
 	// The mismatched payload did not overwrite or add to the first.
-	if n := b.env.DB.Count(t, `SELECT count(*) FROM ledger_entries WHERE amount_cents = 999`); n != 0 {
-		t.Errorf("mismatched payload produced %d ledger rows, want 0", n)
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM test_effects WHERE payload = $1`, mismatched); n != 0 {
+		t.Errorf("mismatched payload produced %d effects, want 0", n)
+	}
+	if n := b.env.AllEffects(t); n != len(cases)+1 {
+		t.Errorf("effects = %d, want only the %d good ones", n, len(cases)+1)
 	}
 }
 
@@ -63,30 +106,30 @@ func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 // still run it from a replay.
 func TestFailingHandlerDeadLettersAfterMaxDeliver(t *testing.T) {
 	b := setup(t)
-	b.env.Publish(t, idem.SubjectCharge, "k-flaky", "k-flaky", testenv.ChargePayload("a", 1))
+	b.env.Publish(t, testenv.Subject, "k-flaky", "k-flaky", payload(1))
 	var calls atomic.Int32
-	cfg := b.chargeConfig()
+	cfg := b.config()
 	cfg.BatchHandler = nil
 	cfg.MaxDeliver = 3
 	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
 		calls.Add(1)
-		if _, err := tx.Exec(ctx, `INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'a', 1)`, d.Key); err != nil {
-			return nil, err
-		}
-		return nil, errors.New("downstream unavailable")
+		return effectThen(ctx, tx, d, errors.New("downstream unavailable"))
 	})
 	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "dead letter after 3 deliveries", func() bool {
-		return b.out.get(consumer.OutcomeDeadLettered) == 1
+		return b.out.Get(consumer.OutcomeDeadLettered) == 1
 	})
 	if n := calls.Load(); n != 3 {
 		t.Errorf("handler calls = %d, want 3 (MaxDeliver)", n)
 	}
+	if n := b.out.Get(consumer.OutcomeFailed); n != 2 {
+		t.Errorf("failed outcomes = %d, want 2 (the attempts before the last)", n)
+	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-flaky' AND deliveries = 3 AND reason LIKE '%downstream unavailable%'`); n != 1 {
 		t.Errorf("dead letters = %d, want 1 with deliveries=3 and the last error", n)
 	}
-	if n := b.env.LedgerRows(t, "k-flaky"); n != 0 {
-		t.Errorf("ledger rows = %d, want 0: each failed attempt must roll back", n)
+	if n := b.env.Effects(t, "k-flaky"); n != 0 {
+		t.Errorf("effects = %d, want 0: each failed attempt must roll back", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-flaky'`); n != 0 {
 		t.Errorf("inbox rows = %d, want 0: a failed handler must leave no claim", n)
@@ -97,29 +140,35 @@ func TestFailingHandlerDeadLettersAfterMaxDeliver(t *testing.T) {
 func TestOneFailureDoesNotSinkItsBatch(t *testing.T) {
 	b := setup(t)
 	for _, k := range []string{"b-1", "b-2", "b-bad", "b-3", "b-4"} {
-		b.env.Publish(t, idem.SubjectCharge, k, k, testenv.ChargePayload("acct_b", 10))
+		b.env.Publish(t, testenv.Subject, k, k, payload(10))
 	}
-	cfg := b.chargeConfig()
+	cfg := b.config()
 	cfg.BatchHandler = nil
 	cfg.BatchSize = 10
 	cfg.Linger = 500 * time.Millisecond // gather all five in one batch
 	cfg.MaxDeliver = 1
 	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
 		if d.Key == "b-bad" {
-			return nil, errors.New("boom")
+			return effectThen(ctx, tx, d, errors.New("boom"))
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_b', 10)`, d.Key)
-		return []byte(`"ok"`), err
+		return effectThen(ctx, tx, d, nil)
 	})
 	b.start(t, cfg)
-	drained := b.env.Drained(t, "charges")
+	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "4 processed and every message settled", func() bool {
-		return b.out.get(consumer.OutcomeProcessed) == 4 && drained()
+		return b.out.Get(consumer.OutcomeProcessed) == 4 && drained()
 	})
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'b-bad'`); n != 1 {
 		t.Errorf("dead letters for b-bad = %d, want 1", n)
 	}
-	if n := b.env.DB.Count(t, `SELECT count(*) FROM ledger_entries`); n != 4 {
-		t.Errorf("ledger rows = %d, want 4", n)
+	if n := b.env.AllEffects(t); n != 4 {
+		t.Errorf("effects = %d, want 4", n)
+	}
+	if n := b.env.Effects(t, "b-bad"); n != 0 {
+		t.Errorf("effects of the failing message = %d, want 0 (rolled back)", n)
+	}
+	// Results of the committed ones are stored as their first results.
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE result = '"ok"'`); n != 4 {
+		t.Errorf("inbox rows with the stored result = %d, want 4", n)
 	}
 }

@@ -12,59 +12,123 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/outbox"
 )
 
 // A message dead-lettered because its handler kept failing is replayed once the
-// handler is fixed: it runs once. Replaying it again is a duplicate, folded by key.
+// handler is fixed: it runs once. Replaying it again is a duplicate, folded by key,
+// although the relay publishes it (a new Msg-Id generation gets it past the
+// broker's duplicate window).
 func TestReplayDeadLetter(t *testing.T) {
 	b := setup(t)
-	b.env.Publish(t, idem.SubjectCharge, "k-replay", "k-replay", testenv.ChargePayload("acct_r", 42))
+	ctx := context.Background()
+	b.env.Publish(t, testenv.Subject, "k-replay", "k-replay", payload(42))
 
 	var broken atomic.Bool
 	broken.Store(true)
-	cfg := b.chargeConfig()
+	cfg := b.config()
 	cfg.BatchHandler = nil
 	cfg.MaxDeliver = 2
 	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
 		if broken.Load() {
 			return nil, errors.New("bug in handler")
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_r', 42)`, d.Key)
-		return nil, err
+		return effectThen(ctx, tx, d, nil)
 	})
 	b.start(t, cfg)
-	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.get(consumer.OutcomeDeadLettered) == 1 })
+	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 1 })
 
-	dls, err := consumer.ListDeadLetters(context.Background(), b.env.DB.Pool, 10)
-	if err != nil || len(dls) != 1 {
-		t.Fatalf("ListDeadLetters = %v, %v", dls, err)
-	}
-	dl := dls[0]
-	if dl.Key != "k-replay" || dl.Deliveries != 2 || dl.ReplayedAt != nil {
-		t.Fatalf("dead letter = %+v", dl)
-	}
-
-	broken.Store(false) // the handler is fixed
-	if _, err := consumer.ReplayDeadLetter(context.Background(), b.env.DB.Pool, b.env.JS, dl.ID); err != nil {
+	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
+	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 45*time.Second, "replay processed", func() bool { return b.out.get(consumer.OutcomeProcessed) == 1 })
-	if n := b.env.LedgerRows(t, "k-replay"); n != 1 {
-		t.Fatalf("ledger rows after replay = %d, want 1", n)
+	list, err := dls.List(ctx, 10)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("List = %v, %v", list, err)
+	}
+	dl := list[0]
+	if dl.Key != "k-replay" || dl.Subject != testenv.Subject || dl.Deliveries != 2 || dl.ReplayedAt != nil || string(dl.Payload) != string(payload(42)) {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	if got, err := dls.Get(ctx, dl.ID); err != nil || got.Key != dl.Key || got.Reason != dl.Reason {
+		t.Fatalf("Get(%d) = %+v, %v; want the listed dead letter", dl.ID, got, err)
+	}
+
+	relay, err := outbox.NewRelay(b.env.DB.Pool, b.env.JS, outbox.RelayConfig{Stream: testenv.Stream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken.Store(false) // the handler is fixed
+	if _, err := dls.Replay(ctx, dl.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-replay' AND published_at IS NULL`); n != 1 {
+		t.Fatalf("outbox rows waiting after the replay = %d, want 1", n)
+	}
+	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
+	}
+	testenv.Eventually(t, 45*time.Second, "replay processed", func() bool { return b.out.Get(consumer.OutcomeProcessed) == 1 })
+	if n := b.env.Effects(t, "k-replay"); n != 1 {
+		t.Fatalf("effects after replay = %d, want 1", n)
 	}
 
 	// A second replay of the same dead letter: the effect already happened.
-	if _, err := consumer.ReplayDeadLetter(context.Background(), b.env.DB.Pool, b.env.JS, dl.ID); err != nil {
+	if _, err := dls.Replay(ctx, dl.ID); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 45*time.Second, "second replay folded", func() bool { return b.out.get(consumer.OutcomeDuplicate) == 1 })
-	if n := b.env.LedgerRows(t, "k-replay"); n != 1 {
-		t.Fatalf("ledger rows after a second replay = %d, want 1", n)
+	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
+	}
+	drained := b.env.Drained(t, effectName)
+	testenv.Eventually(t, 45*time.Second, "second replay settled", func() bool {
+		return b.out.Get(consumer.OutcomeDuplicate)+b.out.Get(consumer.OutcomeProcessed) >= 2 && drained()
+	})
+	if n := b.env.Effects(t, "k-replay"); n != 1 {
+		t.Fatalf("effects after a second replay = %d, want 1", n)
+	}
+	if n := b.out.Get(consumer.OutcomeDuplicate); n < 1 {
+		t.Errorf("duplicates = %d, want the second replay folded", n)
+	}
+	// Both replays reached the stream: the original and two generations.
+	if n := b.env.StreamMsgs(t, testenv.Stream); n != 3 {
+		t.Errorf("stream messages = %d, want 3 (each replay under its own Msg-Id)", n)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(DISTINCT msg_id) FROM idem_outbox WHERE key = 'k-replay' AND msg_id LIKE $1 || ' %'`, idem.MsgID(testenv.Subject, "k-replay")); n != 2 {
+		t.Errorf("distinct replay Msg-Ids = %d, want 2", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`); n != 1 {
 		t.Fatalf("replayed_at not recorded")
 	}
-	if _, err := consumer.ReplayDeadLetter(context.Background(), b.env.DB.Pool, b.env.JS, 9999); err == nil {
+	if _, err := dls.Replay(ctx, 9999); err == nil {
 		t.Fatal("replaying a dead letter that does not exist succeeded")
+	}
+	if _, err := dls.Get(ctx, 9999); err == nil {
+		t.Fatal("getting a dead letter that does not exist succeeded")
+	}
+}
+
+// A dead letter without a valid key cannot be replayed: nothing is enqueued.
+func TestReplayRefusesKeylessDeadLetter(t *testing.T) {
+	b := setup(t)
+	b.env.Publish(t, testenv.Subject, "", "no-key", payload(1))
+	b.start(t, b.config())
+	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 1 })
+	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := dls.List(context.Background(), 10)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("List = %v, %v", list, err)
+	}
+	if _, err := dls.Replay(context.Background(), list[0].ID); !errors.Is(err, idem.ErrMissingKey) {
+		t.Fatalf("Replay of a keyless dead letter: err = %v, want ErrMissingKey", err)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {
+		t.Errorf("outbox rows = %d, want 0", n)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`); n != 0 {
+		t.Errorf("a refused replay was recorded as replayed")
 	}
 }

@@ -21,19 +21,32 @@
 // # Fingerprints
 //
 // Each claim stores a fingerprint (SHA-256) of the payload. A later message with the
-// same key and a different payload is not a retry but a producer bug; Lookup reports
-// it so the consumer can dead-letter it instead of merging it silently.
+// same key and a different payload is not a retry but a producer bug; Claim judges it
+// a Mismatch so the consumer can dead-letter it instead of merging it silently.
 //
 // # Batches
 //
-// ClaimBatch claims many keys in one statement. Keys are claimed in sorted order so
-// two workers claiming overlapping batches wait on each other in the same order and
-// cannot deadlock.
+// Inbox.Claim claims many keys in one statement and judges each one Fresh, Duplicate
+// or Mismatch. Keys are claimed in sorted order so two workers claiming overlapping
+// batches wait on each other in the same order and cannot deadlock.
+//
+// # External effects
+//
+// An effect that cannot join the transaction (an email, a payment provider call) is
+// claimed in two phases with a lease instead: Inbox.Lease commits the claim before
+// the effect, Inbox.CompleteLease commits the result after it; see lease.go.
 //
 // # Lifetime
 //
 // Every row carries expires_at. A key must stay in the inbox longer than any window
 // in which the same intent can still arrive: the stream's MaxAge, the consumer's
-// redelivery horizon, the client's re-send horizon. CheckLifetimes turns that into
-// a start-up check; Collector deletes expired rows in small batches.
+// redelivery horizon, the client's re-send horizon. Lifetimes.Check turns that into
+// a start-up check (the worker package runs it and refuses to start); the worker's
+// collector deletes expired rows in small batches. Storage is bounded by retention,
+// never by shortening the lifetime.
+//
+// # Schema
+//
+// The table lives in the Postgres schema given to New (default public); every
+// component of one installation must name the same schema.
 package dedupe

@@ -6,18 +6,41 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemkit/idem/internal/pgschema"
 )
 
 // DefaultLifetime is how long an inbox key is remembered by default. It must outlast
-// every window in which the intent can be delivered again; see CheckLifetimes.
+// every window in which the intent can be delivered again; see Lifetimes.
 const DefaultLifetime = 72 * time.Hour
 
-// Fingerprint is the SHA-256 of a payload: what a key was first seen with.
-func Fingerprint(payload []byte) []byte {
+// Config says where the inbox lives. The zero value means the defaults.
+type Config struct {
+	// Schema is the Postgres schema holding idem_inbox (default "public").
+	Schema string
+}
+
+// Inbox is the idem_inbox table of one schema. It holds no connection: every method
+// takes the transaction or pool it runs on. It is safe for concurrent use.
+type Inbox struct {
+	q queries
+}
+
+// New returns the inbox in cfg.Schema.
+func New(cfg Config) (*Inbox, error) {
+	if err := pgschema.Validate(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("dedupe: %w", err)
+	}
+	return &Inbox{q: newQueries(cfg.Schema)}, nil
+}
+
+// fingerprint is the SHA-256 of a payload: what a key was first seen with.
+func fingerprint(payload []byte) []byte {
 	sum := sha256.Sum256(payload)
 	return sum[:]
 }
@@ -29,38 +52,68 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Claim is one key to claim, with the fingerprint of the payload it arrived with.
+// Claim is one key to claim, with the payload it arrived with.
 type Claim struct {
-	Key         string
-	Fingerprint []byte
+	Key     string
+	Payload []byte
 }
 
-// ClaimBatch claims keys for consumer inside tx and reports which were new. Claims
-// must not repeat a key (the consumer folds repeats inside a batch itself). The
-// claims are sorted by key in place, so that concurrent batches lock in one order.
-// New rows are stored as done with a nil result; SetResults fills results in.
-func ClaimBatch(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim, lifetime time.Duration) (map[string]bool, error) {
+// Verdict is what the inbox says of one claimed key.
+type Verdict int
+
+const (
+	// Fresh: the key is new; this transaction owns it and must run the effect.
+	Fresh Verdict = iota + 1
+	// Duplicate: the key was claimed before with the same payload; the effect has
+	// happened (or is under way in an external lease). Run nothing.
+	Duplicate
+	// Mismatch: the key was claimed before with a different payload: a producer
+	// bug, never merged.
+	Mismatch
+	// Absent: (Check only) the inbox does not know the key.
+	Absent
+)
+
+// String names the verdict, for logs.
+func (v Verdict) String() string {
+	switch v {
+	case Fresh:
+		return "fresh"
+	case Duplicate:
+		return "duplicate"
+	case Mismatch:
+		return "mismatch"
+	case Absent:
+		return "absent"
+	}
+	return fmt.Sprintf("Verdict(%d)", int(v))
+}
+
+// Claim claims keys for consumer inside tx and judges each: Fresh, Duplicate or
+// Mismatch. Claims must not repeat a key (fold repeats inside a batch first).
+//
+// A fresh key's row is stored as done with a nil result, so the caller's effect and
+// the claim commit together or not at all; SetResults fills results in. Keys are
+// claimed in sorted order so that two workers claiming overlapping batches wait on
+// each other in the same order and cannot deadlock. A key claimed concurrently by
+// an uncommitted transaction makes this one wait for it: exactly one of them sees
+// the key fresh.
+func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim, lifetime time.Duration) (map[string]Verdict, error) {
+	out := make(map[string]Verdict, len(claims))
 	if len(claims) == 0 {
-		return map[string]bool{}, nil
+		return out, nil
 	}
 	if lifetime <= 0 {
 		lifetime = DefaultLifetime
 	}
-	slices.SortFunc(claims, func(a, b Claim) int {
-		switch {
-		case a.Key < b.Key:
-			return -1
-		case a.Key > b.Key:
-			return 1
-		}
-		return 0
-	})
-	keys := make([]string, len(claims))
-	fps := make([][]byte, len(claims))
-	for i, c := range claims {
-		keys[i], fps[i] = c.Key, c.Fingerprint
+	sorted := slices.Clone(claims)
+	slices.SortFunc(sorted, func(a, b Claim) int { return strings.Compare(a.Key, b.Key) })
+	keys := make([]string, len(sorted))
+	fps := make([][]byte, len(sorted))
+	for i, c := range sorted {
+		keys[i], fps[i] = c.Key, fingerprint(c.Payload)
 	}
-	rows, err := tx.Query(ctx, sqlClaimBatch, consumer, keys, fps, lifetime)
+	rows, err := tx.Query(ctx, in.q.claim, consumer, keys, fps, lifetime)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim: %w", err)
 	}
@@ -68,22 +121,68 @@ func ClaimBatch(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim,
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim: %w", err)
 	}
-	out := make(map[string]bool, len(claimed))
 	for _, k := range claimed {
-		out[k] = true
+		out[k] = Fresh
+	}
+	var seen []Claim
+	for _, c := range sorted {
+		if out[c.Key] != Fresh {
+			seen = append(seen, c)
+		}
+	}
+	judged, err := in.Check(ctx, tx, consumer, seen)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range seen {
+		v := judged[c.Key]
+		if v == Absent {
+			// Claimed concurrently and then rolled back between our claim and our
+			// look-up. The caller rolls back and the delivery is retried.
+			return nil, fmt.Errorf("dedupe: claim: key %q vanished between claim and look-up", c.Key)
+		}
+		out[c.Key] = v
 	}
 	return out, nil
 }
 
-// SetResults stores the handlers' results for keys claimed in tx. Nil results are
-// skipped: the row already says done.
-func SetResults(ctx context.Context, tx pgx.Tx, consumer string, results map[string][]byte) error {
+// Check judges keys without claiming them: Duplicate, Mismatch or Absent.
+func (in *Inbox) Check(ctx context.Context, q Querier, consumer string, claims []Claim) (map[string]Verdict, error) {
+	out := make(map[string]Verdict, len(claims))
+	if len(claims) == 0 {
+		return out, nil
+	}
+	keys := make([]string, len(claims))
+	for i, c := range claims {
+		keys[i] = c.Key
+	}
+	recs, err := in.Lookup(ctx, q, consumer, keys)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range claims {
+		rec, ok := recs[c.Key]
+		switch {
+		case !ok:
+			out[c.Key] = Absent
+		case !rec.Matches(c.Payload):
+			out[c.Key] = Mismatch
+		default:
+			out[c.Key] = Duplicate
+		}
+	}
+	return out, nil
+}
+
+// SetResults stores the handlers' results for keys claimed fresh in tx. Nil results
+// are skipped: the row already says done.
+func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, results map[string][]byte) error {
 	b := &pgx.Batch{}
 	for k, v := range results {
 		if v == nil {
 			continue
 		}
-		b.Queue(sqlSetResult, consumer, k, v)
+		b.Queue(in.q.setResult, consumer, k, v)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -126,17 +225,17 @@ const (
 	// StatusDone: the effect happened and Result is the first result.
 	StatusDone Status = "done"
 	// StatusLeased: an external effect is under way (or its worker died) until
-	// LeaseUntil; see Lease.
+	// LeaseUntil; see Inbox.Lease.
 	StatusLeased Status = "leased"
 )
 
 // Matches reports whether payload is what the key was first claimed with.
-func (r Record) Matches(fingerprint []byte) bool { return bytes.Equal(r.Fingerprint, fingerprint) }
+func (r Record) Matches(payload []byte) bool { return bytes.Equal(r.Fingerprint, fingerprint(payload)) }
 
 // Lookup returns the records of keys for consumer; keys absent from the inbox are
 // absent from the map.
-func Lookup(ctx context.Context, q Querier, consumer string, keys []string) (map[string]Record, error) {
-	rows, err := q.Query(ctx, sqlLookup, consumer, keys)
+func (in *Inbox) Lookup(ctx context.Context, q Querier, consumer string, keys []string) (map[string]Record, error) {
+	rows, err := q.Query(ctx, in.q.lookup, consumer, keys)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: lookup: %w", err)
 	}
@@ -176,14 +275,4 @@ func scanRecord(row pgx.Row) (Record, error) {
 		r.Step = *step
 	}
 	return r, nil
-}
-
-// Unclaim deletes claims made earlier in the same transaction tx, for deliveries
-// that will not run after all. Never call it for keys claimed by another
-// transaction: that would forget a committed effect.
-func Unclaim(ctx context.Context, tx pgx.Tx, consumer string, keys []string) error {
-	if _, err := tx.Exec(ctx, sqlUnclaim, consumer, keys); err != nil {
-		return fmt.Errorf("dedupe: unclaim: %w", err)
-	}
-	return nil
 }

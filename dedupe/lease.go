@@ -118,21 +118,23 @@ type LeaseResult struct {
 const leaseTries = 5
 
 // Lease claims key for consumer for leaseFor, in its own committed statement; see
-// the outcomes of LeaseOutcome. fingerprint is the payload's (Fingerprint);
-// lifetime is how long the key is remembered (default DefaultLifetime).
+// the outcomes of LeaseOutcome. payload is what the message carries (a key seen
+// with another payload is a LeaseMismatch); lifetime is how long the key is
+// remembered (default DefaultLifetime).
 //
 // db must not be a transaction that stays open across the effect: other workers
 // learn of the lease only once it commits. Pass a pool.
 //
 // Taking over an expired lease is race-free: of any number of workers that find
 // the same expired lease, exactly one acquires it.
-func Lease(ctx context.Context, db Querier, consumer, key string, fingerprint []byte, leaseFor, lifetime time.Duration) (LeaseResult, error) {
+func (in *Inbox) Lease(ctx context.Context, db Querier, consumer, key string, payload []byte, leaseFor, lifetime time.Duration) (LeaseResult, error) {
 	if leaseFor <= 0 {
 		return LeaseResult{}, fmt.Errorf("dedupe: lease %q: leaseFor must be positive, got %s", key, leaseFor)
 	}
 	if lifetime <= 0 {
 		lifetime = DefaultLifetime
 	}
+	fp := fingerprint(payload)
 	for range leaseTries {
 		token := rand.Text()
 		var (
@@ -141,7 +143,7 @@ func Lease(ctx context.Context, db Querier, consumer, key string, fingerprint []
 			state   []byte
 			until   time.Time
 		)
-		err := db.QueryRow(ctx, sqlLeaseAcquire, consumer, key, fingerprint, leaseFor, token, lifetime).
+		err := db.QueryRow(ctx, in.q.leaseAcquire, consumer, key, fp, leaseFor, token, lifetime).
 			Scan(&attempt, &step, &state, &until)
 		if err == nil {
 			r := LeaseResult{
@@ -163,11 +165,11 @@ func Lease(ctx context.Context, db Querier, consumer, key string, fingerprint []
 		// The row exists and was not ours to take. Find out why.
 		var (
 			status        string
-			fp, result    []byte
+			had, result   []byte
 			leaseUntil    *time.Time
 			databaseClock time.Time
 		)
-		err = db.QueryRow(ctx, sqlLeaseInspect, consumer, key).Scan(&status, &fp, &result, &leaseUntil, &databaseClock)
+		err = db.QueryRow(ctx, in.q.leaseInspect, consumer, key).Scan(&status, &had, &result, &leaseUntil, &databaseClock)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // deleted in between (collected): claim it afresh
 		}
@@ -175,7 +177,7 @@ func Lease(ctx context.Context, db Querier, consumer, key string, fingerprint []
 			return LeaseResult{}, fmt.Errorf("dedupe: lease: %w", err)
 		}
 		switch {
-		case !bytes.Equal(fp, fingerprint):
+		case !bytes.Equal(had, fp):
 			return LeaseResult{Outcome: LeaseMismatch}, nil
 		case Status(status) == StatusDone:
 			return LeaseResult{Outcome: LeaseDone, Result: result}, nil
@@ -192,9 +194,9 @@ func Lease(ctx context.Context, db Querier, consumer, key string, fingerprint []
 // ExtendLease pushes the holder's lease to now()+leaseFor and returns the new end.
 // A long effect calls it periodically (well within leaseFor) so that no other
 // worker mistakes it for dead. ErrLeaseLost means another worker took over.
-func ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor time.Duration) (time.Time, error) {
+func (in *Inbox) ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor time.Duration) (time.Time, error) {
 	var until time.Time
-	err := db.QueryRow(ctx, sqlLeaseExtend, h.Consumer, h.Key, h.Token, leaseFor).Scan(&until)
+	err := db.QueryRow(ctx, in.q.leaseExtend, h.Consumer, h.Key, h.Token, leaseFor).Scan(&until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, ErrLeaseLost
 	}
@@ -208,21 +210,21 @@ func ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor time.Durati
 // completed, and whatever state the next steps need (the id the provider gave the
 // authorization, say). An attempt that takes over after a crash or a failure
 // starts from there instead of from the beginning.
-func RecordStep(ctx context.Context, db Querier, h Holder, step string, state []byte) error {
-	return holderOnly(ctx, db, "record step", sqlLeaseStep, h, step, state)
+func (in *Inbox) RecordStep(ctx context.Context, db Querier, h Holder, step string, state []byte) error {
+	return holderOnly(ctx, db, "record step", in.q.leaseStep, h, step, state)
 }
 
 // CompleteLease marks the key done with result and clears the lease. Only the
 // holder can complete: ErrLeaseLost means the lease expired and another worker
 // took over (and will perform the effect again, with the same key).
-func CompleteLease(ctx context.Context, db Querier, h Holder, result []byte) error {
-	return holderOnly(ctx, db, "complete lease", sqlLeaseComplete, h, result)
+func (in *Inbox) CompleteLease(ctx context.Context, db Querier, h Holder, result []byte) error {
+	return holderOnly(ctx, db, "complete lease", in.q.leaseComplete, h, result)
 }
 
 // ReleaseLease ends the holder's lease at once, keeping the recovery point, so that
 // the retry of a failed effect need not wait for the lease to expire.
-func ReleaseLease(ctx context.Context, db Querier, h Holder) error {
-	return holderOnly(ctx, db, "release lease", sqlLeaseRelease, h)
+func (in *Inbox) ReleaseLease(ctx context.Context, db Querier, h Holder) error {
+	return holderOnly(ctx, db, "release lease", in.q.leaseRelease, h)
 }
 
 func holderOnly(ctx context.Context, db Querier, what, sql string, h Holder, args ...any) error {

@@ -14,11 +14,14 @@ import (
 
 const leaseConsumer = "emails"
 
-var fpA, fpB = dedupe.Fingerprint([]byte("payload A")), dedupe.Fingerprint([]byte("payload B"))
+var fpA, fpB = []byte("payload A"), []byte("payload B")
+
+// inbox is the inbox of the default schema; pgtest migrates every database there.
+var inbox, _ = dedupe.New(dedupe.Config{})
 
 func mustLease(t *testing.T, db *pgtest.DB, key string, fp []byte, leaseFor time.Duration) dedupe.LeaseResult {
 	t.Helper()
-	r, err := dedupe.Lease(context.Background(), db.Pool, leaseConsumer, key, fp, leaseFor, time.Hour)
+	r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, key, fp, leaseFor, time.Hour)
 	if err != nil {
 		t.Fatalf("Lease(%q): %v", key, err)
 	}
@@ -52,7 +55,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 	wantOutcome(t, mustLease(t, db, "k1", fpB, time.Minute), dedupe.LeaseMismatch)
 
-	if err := dedupe.CompleteLease(ctx, db.Pool, first.Holder, []byte(`{"sent":true}`)); err != nil {
+	if err := inbox.CompleteLease(ctx, db.Pool, first.Holder, []byte(`{"sent":true}`)); err != nil {
 		t.Fatal(err)
 	}
 	done := mustLease(t, db, "k1", fpA, time.Minute)
@@ -64,10 +67,10 @@ func TestLeaseLifecycle(t *testing.T) {
 
 	// Completed means completed: the former holder cannot complete, extend or
 	// release it again.
-	if err := dedupe.CompleteLease(ctx, db.Pool, first.Holder, []byte(`"again"`)); !errors.Is(err, dedupe.ErrLeaseLost) {
+	if err := inbox.CompleteLease(ctx, db.Pool, first.Holder, []byte(`"again"`)); !errors.Is(err, dedupe.ErrLeaseLost) {
 		t.Errorf("second CompleteLease: err = %v, want ErrLeaseLost", err)
 	}
-	if _, err := dedupe.ExtendLease(ctx, db.Pool, first.Holder, time.Minute); !errors.Is(err, dedupe.ErrLeaseLost) {
+	if _, err := inbox.ExtendLease(ctx, db.Pool, first.Holder, time.Minute); !errors.Is(err, dedupe.ErrLeaseLost) {
 		t.Errorf("ExtendLease after completion: err = %v, want ErrLeaseLost", err)
 	}
 	if n := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k1' AND status = 'done' AND lease_owner IS NULL AND lease_until IS NULL AND completed_at IS NOT NULL`); n != 1 {
@@ -84,7 +87,7 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 
 	dead := mustLease(t, db, "k2", fpA, 300*time.Millisecond)
 	wantOutcome(t, dead, dedupe.LeaseAcquired)
-	if err := dedupe.RecordStep(ctx, db.Pool, dead.Holder, "authorize", []byte(`{"auth":"a_1"}`)); err != nil {
+	if err := inbox.RecordStep(ctx, db.Pool, dead.Holder, "authorize", []byte(`{"auth":"a_1"}`)); err != nil {
 		t.Fatal(err)
 	}
 	// ... and the holder dies. Until the lease runs out, everyone else is told it
@@ -103,11 +106,11 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 
 	// The old holder wakes up: every holder-only operation refuses it.
 	for name, op := range map[string]func() error{
-		"RecordStep":    func() error { return dedupe.RecordStep(ctx, db.Pool, dead.Holder, "capture", nil) },
-		"CompleteLease": func() error { return dedupe.CompleteLease(ctx, db.Pool, dead.Holder, []byte(`"stale"`)) },
-		"ReleaseLease":  func() error { return dedupe.ReleaseLease(ctx, db.Pool, dead.Holder) },
+		"RecordStep":    func() error { return inbox.RecordStep(ctx, db.Pool, dead.Holder, "capture", nil) },
+		"CompleteLease": func() error { return inbox.CompleteLease(ctx, db.Pool, dead.Holder, []byte(`"stale"`)) },
+		"ReleaseLease":  func() error { return inbox.ReleaseLease(ctx, db.Pool, dead.Holder) },
 		"ExtendLease": func() error {
-			_, err := dedupe.ExtendLease(ctx, db.Pool, dead.Holder, time.Minute)
+			_, err := inbox.ExtendLease(ctx, db.Pool, dead.Holder, time.Minute)
 			return err
 		},
 	} {
@@ -116,10 +119,10 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 		}
 	}
 	// The new holder is unaffected.
-	if err := dedupe.RecordStep(ctx, db.Pool, next.Holder, "capture", []byte(`{"auth":"a_1","capture":"c_1"}`)); err != nil {
+	if err := inbox.RecordStep(ctx, db.Pool, next.Holder, "capture", []byte(`{"auth":"a_1","capture":"c_1"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := dedupe.CompleteLease(ctx, db.Pool, next.Holder, []byte(`"ok"`)); err != nil {
+	if err := inbox.CompleteLease(ctx, db.Pool, next.Holder, []byte(`"ok"`)); err != nil {
 		t.Fatal(err)
 	}
 	wantOutcome(t, mustLease(t, db, "k2", fpA, time.Minute), dedupe.LeaseDone)
@@ -133,10 +136,10 @@ func TestLeaseReleaseAllowsImmediateRetry(t *testing.T) {
 	ctx := context.Background()
 
 	r := mustLease(t, db, "k3", fpA, time.Hour)
-	if err := dedupe.RecordStep(ctx, db.Pool, r.Holder, "one", []byte("s1")); err != nil {
+	if err := inbox.RecordStep(ctx, db.Pool, r.Holder, "one", []byte("s1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := dedupe.ReleaseLease(ctx, db.Pool, r.Holder); err != nil {
+	if err := inbox.ReleaseLease(ctx, db.Pool, r.Holder); err != nil {
 		t.Fatal(err)
 	}
 	again := mustLease(t, db, "k3", fpA, time.Hour)
@@ -145,7 +148,7 @@ func TestLeaseReleaseAllowsImmediateRetry(t *testing.T) {
 		t.Fatalf("after release = %+v, want attempt 2 at step one", again)
 	}
 	// A released lease with another payload is still a mismatch, not a takeover.
-	if err := dedupe.ReleaseLease(ctx, db.Pool, again.Holder); err != nil {
+	if err := inbox.ReleaseLease(ctx, db.Pool, again.Holder); err != nil {
 		t.Fatal(err)
 	}
 	wantOutcome(t, mustLease(t, db, "k3", fpB, time.Hour), dedupe.LeaseMismatch)
@@ -157,7 +160,7 @@ func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	r := mustLease(t, db, "k4", fpA, time.Second)
-	until, err := dedupe.ExtendLease(context.Background(), db.Pool, r.Holder, time.Hour)
+	until, err := inbox.ExtendLease(context.Background(), db.Pool, r.Holder, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +192,7 @@ func TestLeaseRaceHasOneWinner(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				r, err := dedupe.Lease(context.Background(), db.Pool, leaseConsumer, "k-race", fpA, leaseFor, time.Hour)
+				r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, "k-race", fpA, leaseFor, time.Hour)
 				if err != nil {
 					t.Error(err)
 					return
@@ -232,7 +235,7 @@ func TestLeaseRaceHasOneWinner(t *testing.T) {
 
 func TestLeaseRejectsNonPositiveLeaseFor(t *testing.T) {
 	t.Parallel()
-	if _, err := dedupe.Lease(context.Background(), nil, leaseConsumer, "k", fpA, 0, 0); err == nil {
+	if _, err := inbox.Lease(context.Background(), nil, leaseConsumer, "k", fpA, 0, 0); err == nil {
 		t.Fatal("Lease with leaseFor 0: want an error")
 	}
 }

@@ -10,9 +10,11 @@ import (
 // remembered for longer than any window in which its intent can arrive again;
 // otherwise a late arrival finds no key and runs the effect a second time.
 type Lifetimes struct {
-	// InboxKey is how long consumers remember a key (idem_inbox.expires_at).
+	// InboxKey is how long a consumer remembers a key (idem_inbox.expires_at).
+	// Zero means no consumer is being checked: only the request rule applies.
 	InboxKey time.Duration
 	// RequestKey is how long the HTTP ingress remembers a key (idem_requests).
+	// Zero means no ingress: the request rule is skipped.
 	RequestKey time.Duration
 	// StreamMaxAge is how long JetStream keeps a message that can be redelivered
 	// (0 means unlimited, which no finite key lifetime can cover).
@@ -36,13 +38,15 @@ func (l Lifetimes) Check() error {
 			bad = append(bad, fmt.Sprintf("%s %s must be longer than %s %s", what, have, other, window))
 		}
 	}
-	if l.StreamMaxAge == 0 {
-		bad = append(bad, fmt.Sprintf("stream MaxAge is unlimited: a message could be redelivered after the inbox (%s) forgot its key; set a MaxAge", l.InboxKey))
-	} else {
-		need("inbox key lifetime", l.InboxKey, "the stream's MaxAge", l.StreamMaxAge)
+	if l.InboxKey > 0 {
+		if l.StreamMaxAge == 0 {
+			bad = append(bad, fmt.Sprintf("stream MaxAge is unlimited: a message could be redelivered after the inbox (%s) forgot its key; set a MaxAge", l.InboxKey))
+		} else {
+			need("inbox key lifetime", l.InboxKey, "the stream's MaxAge", l.StreamMaxAge)
+		}
+		need("inbox key lifetime", l.InboxKey, "the consumer's redelivery horizon", l.Redelivery)
+		need("inbox key lifetime", l.InboxKey, "the client's re-send horizon", l.ClientResend)
 	}
-	need("inbox key lifetime", l.InboxKey, "the consumer's redelivery horizon", l.Redelivery)
-	need("inbox key lifetime", l.InboxKey, "the client's re-send horizon", l.ClientResend)
 	if l.RequestKey > 0 {
 		need("request key lifetime", l.RequestKey, "the client's re-send horizon", l.ClientResend)
 	}

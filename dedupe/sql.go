@@ -1,10 +1,13 @@
 package dedupe
 
-// All of the inbox's SQL, in one place.
+import "github.com/idemkit/idem/internal/pgschema"
+
+// All of the inbox's SQL, in one place. It names idem_inbox plainly; newQueries
+// qualifies it for the configured schema once, when the Inbox is built.
 const (
 	// The claim. ON CONFLICT DO NOTHING waits on a concurrent uncommitted claim of the
 	// same key, then skips it: exactly one transaction sees each key as new.
-	sqlClaimBatch = `
+	sqlClaim = `
 INSERT INTO idem_inbox (consumer, key, fingerprint, status, completed_at, expires_at)
 SELECT $1, k, f, 'done', now(), now() + $4::interval
 FROM unnest($2::text[], $3::bytea[]) WITH ORDINALITY AS t(k, f, n)
@@ -27,18 +30,18 @@ CROSS JOIN LATERAL (
 ) AS i`
 )
 
-const sqlUnclaim = `DELETE FROM idem_inbox WHERE consumer = $1 AND key = ANY($2::text[])`
+// queries is the SQL of one schema.
+type queries struct {
+	claim, setResult, lookup                                          string
+	leaseAcquire, leaseInspect, leaseExtend, leaseStep, leaseComplete string
+	leaseRelease                                                      string
+}
 
-// Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
-// transaction is using right now is simply left for the next round.
-var collectedTables = []struct{ name, sql string }{
-	{"idem_inbox", `
-DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	{"idem_requests", `
-DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	{"idem_outbox", `
-DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_outbox WHERE published_at IS NOT NULL AND expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+func newQueries(schema string) queries {
+	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
+	return queries{
+		claim: q(sqlClaim), setResult: q(sqlSetResult), lookup: q(sqlLookup),
+		leaseAcquire: q(sqlLeaseAcquire), leaseInspect: q(sqlLeaseInspect), leaseExtend: q(sqlLeaseExtend),
+		leaseStep: q(sqlLeaseStep), leaseComplete: q(sqlLeaseComplete), leaseRelease: q(sqlLeaseRelease),
+	}
 }

@@ -14,10 +14,27 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/pgschema"
+)
+
+// Outcomes of the relay's Events (Component idem.ComponentRelay): one event per
+// batch and outcome, with the batch's duration.
+const (
+	// OutcomePublished: rows the stream acknowledged and the relay marked published.
+	OutcomePublished = "published"
+	// OutcomeFailed: rows whose publish failed; they stay pending and are retried.
+	OutcomeFailed = "failed"
 )
 
 // RelayConfig configures a Relay. The zero value of every field means its default.
 type RelayConfig struct {
+	// Schema is the Postgres schema holding idem_outbox (default "public").
+	Schema string
+	// Stream, when set, is the stream every publish must land in
+	// (jetstream.WithExpectStream): a subject stored by another stream, or by none,
+	// fails the publish instead of being acknowledged by the wrong stream.
+	Stream string
 	// BatchSize is the most rows claimed and published per transaction (default 500).
 	BatchSize int
 	// PollInterval is the fallback wake-up when no NOTIFY arrives (default 1s): a
@@ -30,12 +47,9 @@ type RelayConfig struct {
 	Retention time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// AfterPublish, when set, runs after a batch's PubAcks arrived and before the rows
-	// are marked published. Returning an error abandons the batch unmarked, as if the
-	// relay died there: a fault point for tests.
-	AfterPublish func(ctx context.Context, ids []int64) error
-	// OnBatch, when set, is told each batch's outcome (for metrics).
-	OnBatch func(published, failed int, elapsed time.Duration)
+	// Observer, when set, is told each batch's outcome (for metrics): events with
+	// Component idem.ComponentRelay and Outcome OutcomePublished or OutcomeFailed.
+	Observer idem.Observer
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -58,6 +72,9 @@ func (c RelayConfig) withDefaults() RelayConfig {
 }
 
 func (c RelayConfig) validate() error {
+	if err := pgschema.Validate(c.Schema); err != nil {
+		return fmt.Errorf("outbox: relay: %w", err)
+	}
 	switch {
 	case c.BatchSize < 0:
 		return errors.New("outbox: relay: BatchSize must not be negative")
@@ -74,10 +91,13 @@ func (c RelayConfig) validate() error {
 // again: the broker folds the repeat by Msg-Id inside its window, the consumer's
 // inbox folds it after.
 type Relay struct {
-	pool *pgxpool.Pool
-	js   jetstream.JetStream
-	cfg  RelayConfig
-	log  *slog.Logger
+	pool    *pgxpool.Pool
+	js      jetstream.JetStream
+	cfg     RelayConfig
+	log     *slog.Logger
+	q       queries
+	channel string
+	pubOpts []jetstream.PublishOpt
 }
 
 // NewRelay returns a relay over pool's outbox publishing to js.
@@ -86,12 +106,18 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Rel
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Relay{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "relay")}, nil
+	r := &Relay{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "relay"),
+		q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema)}
+	if cfg.Stream != "" {
+		r.pubOpts = append(r.pubOpts, jetstream.WithExpectStream(cfg.Stream))
+	}
+	return r, nil
 }
 
 // Run relays until ctx is cancelled. A batch under way when ctx is cancelled is
 // finished (published and marked) before Run returns nil.
 func (r *Relay) Run(ctx context.Context) error {
+	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.cfg.Stream)
 	wake := make(chan struct{}, 1)
 	listenCtx, stopListen := context.WithCancel(ctx)
 	defer stopListen()
@@ -104,7 +130,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		// published-but-unmarked batch (that would only cost a re-publish, but
 		// finishing is cheap and keeps the broker quiet).
 		if _, err := r.Drain(context.WithoutCancel(ctx)); err != nil {
-			r.log.Error("relay batch failed", "err", err)
+			r.log.ErrorContext(ctx, "relay batch failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -147,7 +173,7 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	rows, err := tx.Query(ctx, sqlClaim, r.cfg.BatchSize)
+	rows, err := tx.Query(ctx, r.q.claim, r.cfg.BatchSize)
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
@@ -164,14 +190,11 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 	}
 
 	ok, failed := r.publish(ctx, batch)
-
-	if r.cfg.AfterPublish != nil {
-		if err := r.cfg.AfterPublish(ctx, ok); err != nil {
-			return 0, false, fmt.Errorf("outbox: relay: after publish: %w", err)
-		}
+	if err := faults.From(ctx).Hit(ctx, faults.RelayAfterPublish, keysOf(batch)); err != nil {
+		return 0, false, fmt.Errorf("outbox: relay: after publish: %w", err)
 	}
 	if len(ok) > 0 {
-		if _, err := tx.Exec(ctx, sqlMarkPublished, ok, r.cfg.Retention); err != nil {
+		if _, err := tx.Exec(ctx, r.q.markPublished, ok, r.cfg.Retention); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: mark published: %w", err)
 		}
 	}
@@ -182,18 +205,20 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 			ids = append(ids, id)
 			reasons = append(reasons, e.Error())
 		}
-		if _, err := tx.Exec(ctx, sqlMarkFailed, ids, reasons); err != nil {
+		if _, err := tx.Exec(ctx, r.q.markFailed, ids, reasons); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: record failures: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: commit: %w", err)
 	}
-	if r.cfg.OnBatch != nil {
-		r.cfg.OnBatch(len(ok), len(failed), time.Since(start))
+	elapsed := time.Since(start)
+	if len(ok) > 0 {
+		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomePublished, Count: len(ok), Duration: elapsed})
 	}
 	if len(failed) > 0 {
-		r.log.Warn("relay: some publishes failed; they stay pending", "failed", len(failed), "published", len(ok))
+		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomeFailed, Count: len(failed), Duration: elapsed})
+		r.log.WarnContext(ctx, "relay: some publishes failed; they stay pending", "failed", len(failed), "published", len(ok))
 		// Do not spin on a broker that is down: report the batch as not full.
 		return len(ok), false, nil
 	}
@@ -221,7 +246,7 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok []int64, fai
 		msg.Header.Set(idem.HeaderKey, o.key)
 		msg.Header.Set(jetstream.MsgIDHeader, o.msgID)
 		msg.Data = o.payload
-		f, err := r.js.PublishMsgAsync(msg)
+		f, err := r.js.PublishMsgAsync(msg, r.pubOpts...)
 		if err != nil {
 			failed[o.id] = err
 			continue
@@ -248,6 +273,14 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok []int64, fai
 	return ok, failed
 }
 
+func keysOf(batch []outboxRow) []string {
+	keys := make([]string, len(batch))
+	for i, o := range batch {
+		keys[i] = o.key
+	}
+	return keys
+}
+
 // listen holds a connection LISTENing on the outbox channel and signals wake on
 // every notification. It reconnects with a pause when the connection drops; the
 // poll ticker covers the gap.
@@ -257,7 +290,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
-		r.log.Warn("relay: LISTEN connection lost; polling until it is back", "err", err)
+		r.log.WarnContext(ctx, "relay: LISTEN connection lost; polling until it is back", "err", err)
 		select {
 		case <-ctx.Done():
 		case <-time.After(r.cfg.PollInterval):
@@ -273,7 +306,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	// The connection is LISTENing: it must not go back to the pool.
 	pc := conn.Hijack()
 	defer pc.Close(context.Background())
-	if _, err := pc.Exec(ctx, sqlListen); err != nil {
+	if _, err := pc.Exec(ctx, "LISTEN "+pgx.Identifier{r.channel}.Sanitize()); err != nil {
 		return err
 	}
 	for {

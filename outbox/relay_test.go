@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -12,202 +11,318 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
-func enqueue(t *testing.T, env *testenv.Env, msgs ...idem.Message) {
+func newRelay(t *testing.T, env *testenv.Env, cfg outbox.RelayConfig) *outbox.Relay {
 	t.Helper()
-	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error {
-		return outbox.EnqueueBatch(ctx, tx, msgs)
-	})
+	r, err := outbox.NewRelay(env.DB.Pool, env.JS, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return r
 }
 
-func charge(key string) idem.Message {
-	return idem.Message{Key: key, Subject: idem.SubjectCharge, Payload: testenv.ChargePayload("acct_1", 100)}
-}
-
-func streamMsgs(t *testing.T, env *testenv.Env) uint64 {
+// startConsumer runs testenv.Effect on the test subject, counting its outcomes.
+func startConsumer(t *testing.T, env *testenv.Env, name string) *testenv.Outcomes {
 	t.Helper()
-	s, err := env.JS.Stream(context.Background(), idem.StreamName)
+	out := &testenv.Outcomes{}
+	cfg := testenv.ConsumerConfig(name)
+	cfg.Observer = out.Observe
+	c, err := consumer.New(env.DB.Pool, env.JS, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	return info.State.Msgs
+	testenv.Go(t, "consumer "+name, c.Run)
+	return out
 }
 
-func TestEnqueueRejectsBadMessages(t *testing.T) {
+func TestRelayConfigValidate(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
-	cases := map[string]idem.Message{
-		"no key":           {Subject: idem.SubjectCharge, Payload: []byte("{}")},
-		"subject outside":  {Key: "k", Subject: "orders.created", Payload: []byte("{}")},
-		"wildcard subject": {Key: "k", Subject: "idem.>", Payload: []byte("{}")},
-		"nil payload":      {Key: "k", Subject: idem.SubjectCharge},
-	}
-	for name, m := range cases {
-		err := pgx.BeginFunc(context.Background(), env.DB.Pool, func(tx pgx.Tx) error {
-			return outbox.Enqueue(context.Background(), tx, m)
-		})
-		if err == nil {
-			t.Errorf("%s: Enqueue accepted %+v", name, m)
+	for name, cfg := range map[string]outbox.RelayConfig{
+		"negative batch":   {BatchSize: -1},
+		"negative poll":    {PollInterval: -time.Second},
+		"negative timeout": {PublishTimeout: -time.Second},
+		"bad schema":       {Schema: "Not-A-Schema"},
+	} {
+		if _, err := outbox.NewRelay(nil, nil, cfg); err == nil {
+			t.Errorf("%s: NewRelay accepted %+v", name, cfg)
 		}
 	}
 }
 
-// A rolled-back producer transaction leaves no message: the outbox row lives and
-// dies with the business rows.
-func TestEnqueueRollsBackWithTheTransaction(t *testing.T) {
-	t.Parallel()
-	env := testenv.New(t)
-	ctx := context.Background()
-	boom := errors.New("business failure")
-	err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error {
-		if err := outbox.Enqueue(ctx, tx, charge("k-rollback")); err != nil {
-			return err
-		}
-		return boom
-	})
-	if !errors.Is(err, boom) {
-		t.Fatal(err)
-	}
-	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {
-		t.Fatalf("outbox rows after rollback = %d, want 0", n)
-	}
-}
-
-// The relay publishes with Idempotency-Key and a Msg-Id derived from subject and key,
-// and marks rows only after the PubAck.
+// The relay publishes with Idempotency-Key and a Msg-Id derived from subject and
+// key, carries the caller's headers, and marks rows only after the PubAck.
 func TestRelayPublishesAndMarks(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	enqueue(t, env, charge("k-1"), charge("k-2"), idem.Message{Key: "k-1", Subject: idem.SubjectEmail, Payload: []byte(`{}`)})
-	r, err := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob := newOutbox(t, "")
+	other := idem.Message{Key: "k-1", Subject: "test.receipts", Payload: []byte(`{}`), Headers: map[string]string{"X-Trace": "t1"}}
+	enqueue(t, env.DB, ob, msg("k-1"), msg("k-2"), other)
+	var published atomic.Int64
+	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, Retention: time.Hour, Observer: func(e idem.Event) {
+		if e.Component == idem.ComponentRelay && e.Outcome == outbox.OutcomePublished {
+			published.Add(int64(e.Count))
+		}
+	}})
 	n, err := r.Drain(context.Background())
 	if err != nil || n != 3 {
 		t.Fatalf("Drain = %d, %v; want 3", n, err)
 	}
-	if got := streamMsgs(t, env); got != 3 {
-		t.Fatalf("stream holds %d messages, want 3 (one intent's charge and email must not fold)", got)
+	if got := env.StreamMsgs(t, testenv.Stream); got != 3 {
+		t.Fatalf("stream holds %d messages, want 3 (one intent's two messages must not fold)", got)
 	}
-	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND expires_at > now()`); n != 3 {
-		t.Fatalf("published rows = %d, want 3", n)
+	if n := published.Load(); n != 3 {
+		t.Errorf("published events count %d rows, want 3", n)
 	}
-	s, _ := env.JS.Stream(context.Background(), idem.StreamName)
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND attempts = 1
+		AND expires_at BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes'`); n != 3 {
+		t.Fatalf("published rows kept for the Retention = %d, want 3", n)
+	}
+	s, err := env.JS.Stream(context.Background(), testenv.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m, err := s.GetMsg(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Header.Get(idem.HeaderKey) != "k-1" || m.Header.Get(idem.HeaderMsgID) != idem.MsgID(idem.SubjectCharge, "k-1") {
+	if m.Header.Get(idem.HeaderKey) != "k-1" || m.Header.Get(idem.HeaderMsgID) != idem.MsgID(testenv.Subject, "k-1") {
 		t.Fatalf("headers = %v", m.Header)
+	}
+	m, err = s.GetMsg(context.Background(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Subject != "test.receipts" || m.Header.Get("X-Trace") != "t1" || m.Header.Get(idem.HeaderMsgID) != idem.MsgID("test.receipts", "k-1") {
+		t.Fatalf("third message %s headers = %v", m.Subject, m.Header)
+	}
+	if n, err := r.Drain(context.Background()); err != nil || n != 0 {
+		t.Fatalf("second Drain = %d, %v; want nothing left", n, err)
 	}
 }
 
 // LISTEN/NOTIFY wakes the relay: with polling effectively off, a committed row is
-// still published promptly.
+// still published promptly — in the default schema and in another one, whose
+// channel is its own.
 func TestRelayWakesOnNotify(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
-	r, err := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{PollInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Go(t, "Relay.Run", r.Run)
+	for _, schema := range []string{"", "idem_app"} {
+		t.Run("schema="+schema, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.NewWith(t, pgtest.Options{Schema: schema})
+			ob := newOutbox(t, schema)
+			r := newRelay(t, env, outbox.RelayConfig{Schema: schema, Stream: testenv.Stream, PollInterval: time.Hour})
+			testenv.Go(t, "relay", r.Run)
+			table := "idem_outbox"
+			if schema != "" {
+				table = schema + ".idem_outbox"
+			}
 
-	// The first wake-up comes from Run's initial drain; keep enqueueing until the
-	// listener is certainly up, then require the last row to be published.
-	for i := range 3 {
-		enqueue(t, env, charge(fmt.Sprintf("k-notify-%d", i)))
-		testenv.Eventually(t, 45*time.Second, "row published via NOTIFY", func() bool {
-			return env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`) == 0
+			// A NOTIFY sent before the relay's LISTEN is lost (the poll would catch
+			// it, an hour later): wait until the listening connection is up.
+			testenv.Eventually(t, 45*time.Second, "the relay to LISTEN", func() bool {
+				return env.DB.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'`) == 1
+			})
+			for i := range 3 {
+				enqueue(t, env.DB, ob, msg(fmt.Sprintf("k-notify-%d", i)))
+				testenv.Eventually(t, 45*time.Second, "row published via NOTIFY", func() bool {
+					return env.DB.Count(t, `SELECT count(*) FROM `+table+` WHERE published_at IS NULL`) == 0
+				})
+			}
+			if got := env.StreamMsgs(t, testenv.Stream); got != 3 {
+				t.Errorf("stream messages = %d, want 3", got)
+			}
 		})
 	}
 }
 
 // The relay dies between publish and mark: the row stays unpublished and a second
 // relay publishes it again. The broker folds the repeat (same Msg-Id) and the
-// consumer would fold it anyway: still one ledger row.
+// consumer would fold it anyway: still one effect.
 func TestRelayDiesBetweenPublishAndMark(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	enqueue(t, env, charge("k-relay"))
+	ob := newOutbox(t, "")
+	enqueue(t, env.DB, ob, msg("k-relay"))
+	out := startConsumer(t, env, "effects")
 
-	var processed atomic.Int64
-	c, err := consumer.New(env.DB.Pool, env.JS, consumer.Config{
-		Name: "charges", Subject: idem.SubjectCharge, BatchHandler: demo.ChargeHandler{},
-		OnOutcome: func(_, o string, n int) {
-			if o == consumer.OutcomeProcessed || o == consumer.OutcomeDuplicate {
-				processed.Add(int64(n))
-			}
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	testenv.Go(t, "consumer.Run", c.Run)
-
-	dying, _ := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{
-		AfterPublish: func(context.Context, []int64) error { return errors.New("fault: relay died before marking") },
-	})
-	if _, err := dying.Drain(context.Background()); err == nil {
+	dying := faults.With(context.Background(), faults.New().Func(faults.RelayAfterPublish, func(_ context.Context, keys []string) error {
+		return fmt.Errorf("fault: relay died before marking %v", keys)
+	}))
+	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream})
+	if _, err := r.Drain(dying); err == nil {
 		t.Fatal("the dying relay reported success")
 	}
-	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`); n != 1 {
-		t.Fatalf("unpublished rows after the crash = %d, want 1", n)
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND attempts = 0`); n != 1 {
+		t.Fatalf("unpublished, unmarked rows after the crash = %d, want 1", n)
 	}
-	testenv.Eventually(t, 45*time.Second, "first copy consumed", func() bool { return env.LedgerRows(t, "k-relay") == 1 })
+	testenv.Eventually(t, 45*time.Second, "first copy consumed", func() bool { return env.Effects(t, "k-relay") == 1 })
 
-	healthy, _ := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{})
-	if n, err := healthy.Drain(context.Background()); err != nil || n != 1 {
-		t.Fatalf("second relay Drain = %d, %v; want 1", n, err)
+	if n, err := r.Drain(context.Background()); err != nil || n != 1 {
+		t.Fatalf("second Drain = %d, %v; want 1", n, err)
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL`); n != 1 {
 		t.Fatalf("published rows = %d, want 1", n)
 	}
-	if got := streamMsgs(t, env); got != 1 {
+	if got := env.StreamMsgs(t, testenv.Stream); got != 1 {
 		t.Fatalf("stream messages = %d, want 1: the broker should fold the re-publish by Msg-Id", got)
 	}
-	if n := env.LedgerRows(t, "k-relay"); n != 1 {
-		t.Fatalf("ledger rows = %d, want 1", n)
+	drained := env.Drained(t, "effects")
+	testenv.Eventually(t, 45*time.Second, "the consumer idle", drained)
+	if n := env.Effects(t, "k-relay"); n != 1 {
+		t.Fatalf("effects = %d, want 1", n)
+	}
+	if n := out.Get(consumer.OutcomeProcessed); n != 1 {
+		t.Errorf("processed = %d, want 1", n)
 	}
 }
 
-// Two relays drain one outbox concurrently: every row is published, none is lost.
+// Republish gets a message past the broker's duplicate window — a new Msg-Id
+// generation — while every consumer's inbox still folds it by key. A plain
+// Enqueue of the same message again is folded by the broker already.
+func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ob := newOutbox(t, "")
+	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream})
+	ctx := context.Background()
+	drain := func(want int) {
+		t.Helper()
+		if n, err := r.Drain(ctx); err != nil || n != want {
+			t.Fatalf("Drain = %d, %v; want %d", n, err, want)
+		}
+	}
+
+	m := msg("k-again")
+	enqueue(t, env.DB, ob, m)
+	drain(1)
+	enqueue(t, env.DB, ob, m) // the same intent enqueued again: same Msg-Id
+	drain(1)
+	if got := env.StreamMsgs(t, testenv.Stream); got != 1 {
+		t.Fatalf("stream messages = %d, want 1: the broker folds a plain repeat", got)
+	}
+	for _, gen := range []string{"replay-1", "replay-2"} {
+		if err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error { return ob.Republish(ctx, tx, gen, m) }); err != nil {
+			t.Fatal(err)
+		}
+		drain(1)
+	}
+	if got := env.StreamMsgs(t, testenv.Stream); got != 3 {
+		t.Fatalf("stream messages = %d, want 3: each republish gets past the duplicate window", got)
+	}
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-again' AND msg_id = $1`, idem.MsgID(testenv.Subject, "k-again")+" replay-1"); n != 1 {
+		t.Errorf("republished row with the generation's Msg-Id = %d, want 1", n)
+	}
+
+	out := startConsumer(t, env, "effects")
+	drained := env.Drained(t, "effects")
+	testenv.Eventually(t, 45*time.Second, "the three copies settled", func() bool {
+		return out.Get(consumer.OutcomeProcessed)+out.Get(consumer.OutcomeDuplicate) >= 3 && drained()
+	})
+	if n := env.Effects(t, "k-again"); n != 1 {
+		t.Fatalf("effects = %d, want 1: the inbox folds republished copies", n)
+	}
+	if n := out.Get(consumer.OutcomeProcessed); n != 1 {
+		t.Errorf("processed = %d, want 1", n)
+	}
+
+	for _, gen := range []string{"", "two words"} {
+		err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error { return ob.Republish(ctx, tx, gen, m) })
+		if err == nil {
+			t.Errorf("Republish with generation %q accepted", gen)
+		}
+	}
+}
+
+// RelayConfig.Stream makes every publish expect the test stream: a subject stored
+// by another stream fails and stays pending with its error, instead of being
+// acknowledged by the wrong stream.
+func TestRelayStreamRefusesMisroute(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	anySubject, err := outbox.New(outbox.Config{}) // no Subjects: Enqueue cannot tell
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue(t, env.DB, anySubject, idem.Message{Key: "k-misrouted", Subject: "other.x", Payload: []byte("{}")})
+	var failed atomic.Int64
+	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, Observer: func(e idem.Event) {
+		if e.Outcome == outbox.OutcomeFailed {
+			failed.Add(int64(e.Count))
+		}
+	}})
+	if n, err := r.Drain(ctx); err != nil || n != 0 {
+		t.Fatalf("Drain = %d, %v; want 0 published", n, err)
+	}
+	if n := failed.Load(); n != 1 {
+		t.Errorf("failed events count %d rows, want 1", n)
+	}
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND attempts = 1 AND last_error IS NOT NULL`); n != 1 {
+		t.Fatalf("pending rows with the error recorded = %d, want 1", n)
+	}
+	if got := env.StreamMsgs(t, "OTHER"); got != 0 {
+		t.Fatalf("the other stream took %d messages, want 0", got)
+	}
+	// Without Stream, the same row lands in whichever stream stores its subject.
+	if n, err := newRelay(t, env, outbox.RelayConfig{}).Drain(ctx); err != nil || n != 1 {
+		t.Fatalf("Drain without Stream = %d, %v; want 1", n, err)
+	}
+	if got := env.StreamMsgs(t, "OTHER"); got != 1 {
+		t.Fatalf("the other stream holds %d messages, want 1", got)
+	}
+}
+
+// Two relays drain one outbox concurrently: every row is published once, none is
+// lost.
 func TestTwoRelaysShareTheOutbox(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
+	ob := newOutbox(t, "")
 	var msgs []idem.Message
 	for i := range 1000 {
-		msgs = append(msgs, charge(fmt.Sprintf("k-%04d", i)))
+		msgs = append(msgs, msg(fmt.Sprintf("k-%04d", i)))
 	}
-	enqueue(t, env, msgs...)
-	r1, _ := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{BatchSize: 50})
-	r2, _ := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{BatchSize: 50})
-	errs := make(chan error, 2)
+	enqueue(t, env.DB, ob, msgs...)
+	r1 := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 50})
+	r2 := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 50})
+	type result struct {
+		n   int
+		err error
+	}
+	results := make(chan result, 2)
 	for _, r := range []*outbox.Relay{r1, r2} {
-		go func() { _, err := r.Drain(context.Background()); errs <- err }()
+		go func() { n, err := r.Drain(context.Background()); results <- result{n, err} }()
 	}
+	total := 0
 	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+		select {
+		case res := <-results:
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			total += res.n
+		case <-time.After(60 * time.Second):
+			t.Fatal("a relay did not finish draining")
 		}
+	}
+	if total != 1000 {
+		t.Errorf("relays published %d rows in all, want 1000 (each row once)", total)
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`); n != 0 {
 		t.Fatalf("%d rows left unpublished", n)
 	}
-	if got := streamMsgs(t, env); got != 1000 {
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE attempts <> 1`); n != 0 {
+		t.Errorf("%d rows published more than once", n)
+	}
+	if got := env.StreamMsgs(t, testenv.Stream); got != 1000 {
 		t.Fatalf("stream messages = %d, want 1000", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -16,15 +17,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 )
 
-// testApp is a handler with a real effect: every execution inserts one
-// ledger_entries row through the middleware's transaction. ledger_entries has no
-// unique constraint on the key, so counting rows shows every execution that
-// committed — a double effect cannot hide.
+// testApp is a handler with a real effect: every execution inserts one test_writes
+// row through the middleware's transaction. test_writes has no unique constraint on
+// the key, so counting rows shows every execution that committed — a double effect
+// cannot hide.
 //
 // Its routes misbehave on purpose:
 //
@@ -54,8 +56,8 @@ func newTestApp(t *testing.T) *testApp {
 
 func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodGet || r.Method == http.MethodHead {
-		if _, ok := producer.TxFromContext(r.Context()); ok {
-			http.Error(w, "a safe method must not get a transaction", http.StatusInternalServerError)
+		if _, ok := producer.IntentFrom(r.Context()); ok {
+			http.Error(w, "a safe method must not get an intent", http.StatusInternalServerError)
 			return
 		}
 		_, _ = w.Write([]byte("hello"))
@@ -63,12 +65,11 @@ func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	n := a.calls.Add(1)
 	ctx := r.Context()
-	tx, ok := producer.TxFromContext(ctx)
+	in, ok := producer.IntentFrom(ctx)
 	if !ok {
-		http.Error(w, "no transaction in context", http.StatusInternalServerError)
+		http.Error(w, "no intent in context", http.StatusInternalServerError)
 		return
 	}
-	scoped, _ := producer.ScopedKeyFromContext(ctx)
 	if r.URL.Path == "/reject" {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusBadRequest)
@@ -76,9 +77,7 @@ func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var id int64
-	if err := tx.QueryRow(ctx,
-		`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct', 1) RETURNING id`,
-		scoped).Scan(&id); err != nil {
+	if err := in.Tx.QueryRow(ctx, `INSERT INTO test_writes (key) VALUES ($1) RETURNING id`, in.ScopedKey()).Scan(&id); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
@@ -113,17 +112,31 @@ func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Test", "first")
 	w.WriteHeader(http.StatusCreated)
-	body, _ := json.Marshal(map[string]any{"ledger_id": id, "call": n, "path": r.URL.Path})
+	body, _ := json.Marshal(map[string]any{"write_id": id, "call": n, "path": r.URL.Path})
 	_, _ = w.Write(body)
 }
 
-// outcomes records OnOutcome calls.
+// outcomes records the ingress events an Observer is told.
 type outcomes struct {
 	mu   sync.Mutex
 	list []string
 }
 
-func (o *outcomes) add(s string) { o.mu.Lock(); o.list = append(o.list, s); o.mu.Unlock() }
+func (o *outcomes) observe(e idem.Event) {
+	if e.Component != idem.ComponentIngress || e.Count != 1 {
+		panic(fmt.Sprintf("unexpected event %+v", e))
+	}
+	o.mu.Lock()
+	o.list = append(o.list, e.Outcome)
+	o.mu.Unlock()
+}
+
+func (o *outcomes) len() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.list)
+}
+
 func (o *outcomes) last() string {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -140,6 +153,7 @@ type req struct {
 	key    *string // nil: no Idempotency-Key header at all
 	scope  string
 	body   string
+	ctx    context.Context // the request's context (fault points); nil: background
 }
 
 func key(s string) *string { return &s }
@@ -150,6 +164,9 @@ func (q req) send(h http.Handler) *httptest.ResponseRecorder {
 		method = http.MethodPost
 	}
 	r := httptest.NewRequest(method, q.path, strings.NewReader(q.body))
+	if q.ctx != nil {
+		r = r.WithContext(q.ctx)
+	}
 	if q.key != nil {
 		r.Header[idem.HeaderKey] = []string{*q.key} // raw, so an empty value is sent as such
 	}
@@ -161,7 +178,17 @@ func (q req) send(h http.Handler) *httptest.ResponseRecorder {
 	return w
 }
 
-func newMiddleware(t *testing.T, pool *pgxpool.Pool, cfg producer.MiddlewareConfig) *producer.Middleware {
+// newDB is a fresh database with idem's tables and the test's own business table.
+func newDB(t *testing.T, opts pgtest.Options) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewWith(t, opts)
+	if _, err := db.Pool.Exec(context.Background(), `CREATE TABLE public.test_writes (id bigserial PRIMARY KEY, key text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func newMiddleware(t *testing.T, pool *pgxpool.Pool, cfg producer.Config) *producer.Middleware {
 	t.Helper()
 	mw, err := producer.NewMiddleware(pool, cfg)
 	if err != nil {
@@ -183,7 +210,7 @@ func errCode(t *testing.T, w *httptest.ResponseRecorder) string {
 }
 
 // TestMiddlewareStatusCodes walks every answer of the protocol. Each case is a
-// sequence of requests on a fresh database; after it, the ledger shows how many
+// sequence of requests on a fresh database; after it, test_writes shows how many
 // executions committed and idem_requests how many keys were claimed.
 func TestMiddlewareStatusCodes(t *testing.T) {
 	t.Parallel()
@@ -192,15 +219,15 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 		status   int
 		replayed bool
 		code     string // JSON error code of a middleware answer
-		outcome  string // reported to OnOutcome ("" for safe methods)
+		outcome  string // reported to the Observer ("" for safe methods)
 		sameAs   int    // 1-based index of an earlier step whose body must be repeated
 	}
 	body := `{"amount":1}`
 	cases := []struct {
 		name        string
-		cfg         producer.MiddlewareConfig
+		cfg         producer.Config
 		steps       []step
-		wantLedger  int
+		wantWrites  int
 		wantRecords int
 	}{
 		{
@@ -210,7 +237,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "two keys are two intents even with identical bodies",
@@ -218,7 +245,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
 				{req: req{path: "/ok", key: key("k2"), body: body}, status: 201, outcome: "new"},
 			},
-			wantLedger: 2, wantRecords: 2,
+			wantWrites: 2, wantRecords: 2,
 		},
 		{
 			name: "missing key is 400 and claims nothing",
@@ -236,7 +263,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				// The longest valid key still works.
 				{req: req{path: "/ok", key: key(strings.Repeat("k", 255)), body: body}, status: 201, outcome: "new"},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "malformed scope is 400",
@@ -254,25 +281,25 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				// The mismatch did not disturb the record.
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "oversize body is 413 and does not use up the key",
-			cfg:  producer.MiddlewareConfig{MaxBodyBytes: 16},
+			cfg:  producer.Config{MaxBodyBytes: 16},
 			steps: []step{
 				{req: req{path: "/ok", key: key("k1"), body: strings.Repeat("x", 17)}, status: 413, code: "body_too_large", outcome: "rejected"},
 				{req: req{path: "/ok", key: key("k1"), body: strings.Repeat("x", 16)}, status: 201, outcome: "new"},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "a response over MaxResponseBytes rolls back and is not stored",
-			cfg:  producer.MiddlewareConfig{MaxResponseBytes: 16},
+			cfg:  producer.Config{MaxResponseBytes: 16},
 			steps: []step{
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 500, code: "response_too_large", outcome: "failed"},
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 500, code: "response_too_large", outcome: "failed"},
 			},
-			wantLedger: 0, wantRecords: 0,
+			wantWrites: 0, wantRecords: 0,
 		},
 		{
 			name: "a handler 4xx is final: stored and replayed",
@@ -280,7 +307,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/reject", key: key("k1"), body: body}, status: 400, outcome: "new"},
 				{req: req{path: "/reject", key: key("k1"), body: body}, status: 400, replayed: true, outcome: "replayed", sameAs: 1},
 			},
-			wantLedger: 0, wantRecords: 1,
+			wantWrites: 0, wantRecords: 1,
 		},
 		{
 			name: "a handler 429 is not final: rolled back, retry executes",
@@ -288,7 +315,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/busy", key: key("k1"), body: body}, status: 429, outcome: "failed"},
 				{req: req{path: "/busy", key: key("k1"), body: body}, status: 201, outcome: "new"},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "a handler 5xx rolls back everything, retry executes once more",
@@ -297,7 +324,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/flaky", key: key("k1"), body: body}, status: 201, outcome: "new"},
 				{req: req{path: "/flaky", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 2},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "a handler panic rolls back everything, retry executes once more",
@@ -305,7 +332,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/panic", key: key("k1"), body: body}, status: 500, code: "internal_error", outcome: "failed"},
 				{req: req{path: "/panic", key: key("k1"), body: body}, status: 201, outcome: "new"},
 			},
-			wantLedger: 1, wantRecords: 1,
+			wantWrites: 1, wantRecords: 1,
 		},
 		{
 			name: "safe methods pass through without a key",
@@ -322,21 +349,21 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
 				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
 			},
-			wantLedger: 3, wantRecords: 3,
+			wantWrites: 3, wantRecords: 3,
 		},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t)
+			db := newDB(t, pgtest.Options{})
 			var got outcomes
 			cfg := tc.cfg
-			cfg.OnOutcome = got.add
+			cfg.Observer = got.observe
 			h := newMiddleware(t, db.Pool, cfg).Wrap(newTestApp(t))
 
 			var answers []*httptest.ResponseRecorder
 			for i, s := range tc.steps {
-				before := len(got.list)
+				before := got.len()
 				w := s.send(h)
 				answers = append(answers, w)
 				if w.Code != s.status {
@@ -353,7 +380,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 						t.Errorf("step %d: error Content-Type %q", i+1, ct)
 					}
 				}
-				if s.outcome == "" && len(got.list) != before {
+				if s.outcome == "" && got.len() != before {
 					t.Errorf("step %d: unexpected outcome %q", i+1, got.last())
 				}
 				if s.outcome != "" && got.last() != s.outcome {
@@ -371,8 +398,8 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 					}
 				}
 			}
-			if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != tc.wantLedger {
-				t.Errorf("ledger_entries: %d rows, want %d", n, tc.wantLedger)
+			if n := db.Count(t, `SELECT count(*) FROM test_writes`); n != tc.wantWrites {
+				t.Errorf("test_writes: %d rows, want %d", n, tc.wantWrites)
 			}
 			if n := db.Count(t, `SELECT count(*) FROM idem_requests`); n != tc.wantRecords {
 				t.Errorf("idem_requests: %d rows, want %d", n, tc.wantRecords)
@@ -422,10 +449,10 @@ func lockWaiters(t *testing.T, db *pgtest.DB) int {
 // Retry-After, claims nothing, and that the first still completes and is replayed.
 func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, pgtest.Options{})
 	app := newTestApp(t)
 	var got outcomes
-	h := newMiddleware(t, db.Pool, producer.MiddlewareConfig{Wait: 50 * time.Millisecond, OnOutcome: got.add}).Wrap(app)
+	h := newMiddleware(t, db.Pool, producer.Config{Wait: 50 * time.Millisecond, Observer: got.observe}).Wrap(app)
 
 	q := req{path: "/block", key: key("k1"), body: `{}`}
 	first := make(chan *httptest.ResponseRecorder, 1)
@@ -455,8 +482,8 @@ func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
 	if w3.Code != http.StatusCreated || w3.Header().Get(idem.HeaderReplayed) != "true" || w3.Body.String() != w1.Body.String() {
 		t.Fatalf("retry after the first finished: %d %q replayed=%q, want the first's answer", w3.Code, w3.Body, w3.Header().Get(idem.HeaderReplayed))
 	}
-	if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 1 {
-		t.Errorf("ledger_entries: %d rows, want 1", n)
+	if n := db.Count(t, `SELECT count(*) FROM test_writes`); n != 1 {
+		t.Errorf("test_writes: %d rows, want 1", n)
 	}
 }
 
@@ -470,10 +497,10 @@ func TestMiddlewareDuplicateWaitsThenReplays(t *testing.T) {
 		name := map[bool]string{false: "first commits", true: "first rolls back"}[firstFails]
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t)
+			db := newDB(t, pgtest.Options{})
 			app := newTestApp(t)
 			app.failAfterRelease.Store(firstFails)
-			h := newMiddleware(t, db.Pool, producer.MiddlewareConfig{Wait: 20 * time.Second}).Wrap(app)
+			h := newMiddleware(t, db.Pool, producer.Config{Wait: 20 * time.Second}).Wrap(app)
 
 			q := req{path: "/block", key: key("k1"), body: `{}`}
 			first := make(chan *httptest.ResponseRecorder, 1)
@@ -509,8 +536,8 @@ func TestMiddlewareDuplicateWaitsThenReplays(t *testing.T) {
 					t.Fatalf("duplicate: %d %q replayed=%q, want the first's answer replayed", w2.Code, w2.Body, w2.Header().Get(idem.HeaderReplayed))
 				}
 			}
-			if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 1 {
-				t.Errorf("ledger_entries: %d rows, want 1", n)
+			if n := db.Count(t, `SELECT count(*) FROM test_writes`); n != 1 {
+				t.Errorf("test_writes: %d rows, want 1", n)
 			}
 			if n := app.calls.Load(); n != map[bool]int64{false: 1, true: 2}[firstFails] {
 				t.Errorf("handler ran %d times", n)
@@ -532,7 +559,7 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	t.Cleanup(pool.Close)
 	var got outcomes
 	app := newTestApp(t)
-	h := newMiddleware(t, pool, producer.MiddlewareConfig{OnOutcome: got.add}).Wrap(app)
+	h := newMiddleware(t, pool, producer.Config{Observer: got.observe}).Wrap(app)
 
 	w := req{path: "/ok", key: key("k1"), body: `{}`}.send(h)
 	if w.Code != http.StatusServiceUnavailable {
@@ -556,11 +583,12 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 }
 
 // TestMiddlewareExpiredKey: after its lifetime a key names nothing; the next request
-// with it executes afresh (with any payload), and the collector removes old records.
+// with it executes afresh, with any payload. (Deleting expired records is the
+// worker's collector's job, tested there.)
 func TestMiddlewareExpiredKey(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{KeyLifetime: time.Hour})
+	db := newDB(t, pgtest.Options{})
+	mw := newMiddleware(t, db.Pool, producer.Config{KeyLifetime: time.Hour})
 	h := mw.Wrap(newTestApp(t))
 
 	if w := (req{path: "/ok", key: key("k1"), body: `{"a":1}`}).send(h); w.Code != http.StatusCreated {
@@ -569,7 +597,11 @@ func TestMiddlewareExpiredKey(t *testing.T) {
 	if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE expires_at BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes'`); n != 1 {
 		t.Fatalf("expires_at does not follow KeyLifetime")
 	}
-	// Age the record instead of sleeping through an hour.
+	// Before expiry another payload is a mismatch ...
+	if w := (req{path: "/ok", key: key("k1"), body: `{"a":2}`}).send(h); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("before expiry: %d, want 422", w.Code)
+	}
+	// ... after it, a new intent. Age the record instead of sleeping through an hour.
 	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_requests SET expires_at = now() - interval '1 second'`); err != nil {
 		t.Fatal(err)
 	}
@@ -577,53 +609,42 @@ func TestMiddlewareExpiredKey(t *testing.T) {
 	if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "" {
 		t.Fatalf("after expiry: %d replayed=%q, want a fresh execution", w.Code, w.Header().Get(idem.HeaderReplayed))
 	}
-	if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 2 {
-		t.Errorf("ledger_entries: %d, want 2", n)
+	if n := db.Count(t, `SELECT count(*) FROM test_writes`); n != 2 {
+		t.Errorf("test_writes: %d, want 2", n)
 	}
-
-	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_requests SET expires_at = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
-	}
-	// Retention is the collector's job, for requests as for inbox and outbox rows.
-	collector := dedupe.NewCollector(db.Pool, dedupe.CollectorConfig{})
-	if n, err := collector.CollectOnce(context.Background()); err != nil || n != 1 {
-		t.Fatalf("CollectOnce = %d, %v; want 1", n, err)
-	}
-	if n := db.Count(t, `SELECT count(*) FROM idem_requests`); n != 0 {
-		t.Fatalf("idem_requests rows after collection = %d, want 0", n)
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE key = 'k1' AND expires_at > now()`); n != 1 {
+		t.Errorf("the expired record was not replaced by a live one")
 	}
 }
 
 func TestMiddlewareConfig(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	if _, err := producer.NewMiddleware(nil, producer.MiddlewareConfig{}); err == nil {
+	db := newDB(t, pgtest.Options{})
+	if _, err := producer.NewMiddleware(nil, producer.Config{}); err == nil {
 		t.Error("nil pool accepted")
 	}
-	for _, cfg := range []producer.MiddlewareConfig{
+	for _, cfg := range []producer.Config{
 		{Wait: -time.Second},
 		{KeyLifetime: time.Millisecond},
 		{MaxBodyBytes: -1},
 		{MaxResponseBytes: -1},
+		{Schema: "Not-A-Schema"},
 	} {
 		if _, err := producer.NewMiddleware(db.Pool, cfg); err == nil {
 			t.Errorf("%+v accepted", cfg)
 		}
 	}
-	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{})
-	if mw.KeyLifetime() != 48*time.Hour {
-		t.Errorf("default KeyLifetime %v", mw.KeyLifetime())
+	c := newMiddleware(t, db.Pool, producer.Config{}).Config()
+	if c.KeyLifetime != producer.DefaultKeyLifetime || c.Wait != producer.DefaultWait || c.MaxBodyBytes != producer.DefaultMaxBodyBytes ||
+		c.MaxResponseBytes != producer.DefaultMaxResponseBytes || c.Scope == nil || c.Logger == nil || c.Outbox == nil {
+		t.Errorf("defaults not filled in: %+v", c)
 	}
-	// Outside the middleware the accessors report absence rather than panic.
-	ctx := context.Background()
-	if _, ok := producer.TxFromContext(ctx); ok {
-		t.Error("TxFromContext outside the middleware")
+	if producer.DefaultKeyLifetime != 48*time.Hour {
+		t.Errorf("DefaultKeyLifetime %v", producer.DefaultKeyLifetime)
 	}
-	if _, ok := producer.KeyFromContext(ctx); ok {
-		t.Error("KeyFromContext outside the middleware")
-	}
-	if _, ok := producer.ScopedKeyFromContext(ctx); ok {
-		t.Error("ScopedKeyFromContext outside the middleware")
+	// Outside the middleware there is no intent, rather than a panic.
+	if in, ok := producer.IntentFrom(context.Background()); ok || in != nil {
+		t.Error("IntentFrom outside the middleware")
 	}
 }
 
@@ -631,13 +652,13 @@ func TestMiddlewareConfig(t *testing.T) {
 // instead of trusting the header, and the handler sees it.
 func TestMiddlewareScopeFunc(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{
+	db := newDB(t, pgtest.Options{})
+	mw := newMiddleware(t, db.Pool, producer.Config{
 		Scope: func(r *http.Request) (string, error) { return "user-" + r.Header.Get("X-User"), nil },
 	})
 	h := mw.Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scoped, _ := producer.ScopedKeyFromContext(r.Context())
-		_, _ = w.Write([]byte(scoped))
+		in, _ := producer.IntentFrom(r.Context())
+		_, _ = fmt.Fprintf(w, "%s|%s|%s", in.Scope, in.Key, in.ScopedKey())
 	}))
 	r := httptest.NewRequest(http.MethodPost, "/", nil)
 	r.Header.Set(idem.HeaderKey, "k1")
@@ -645,46 +666,53 @@ func TestMiddlewareScopeFunc(t *testing.T) {
 	r.Header.Set("X-User", "42")
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
-	if want := idem.ScopedKey("user-42", "k1"); w.Body.String() != want {
-		t.Errorf("handler saw scoped key %q, want %q", w.Body, want)
+	if want := "user-42|k1|" + idem.ScopedKey("user-42", "k1"); w.Body.String() != want {
+		t.Errorf("handler saw %q, want %q", w.Body, want)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE scope = 'user-42' AND key = 'k1'`); n != 1 {
+		t.Errorf("the request was not claimed in the derived scope")
+	}
+	// A Scope func's error rejects the request before anything is claimed.
+	deny := newMiddleware(t, db.Pool, producer.Config{
+		Scope: func(*http.Request) (string, error) { return "", fmt.Errorf("not signed in") },
+	}).Wrap(newTestApp(t))
+	if w := (req{path: "/ok", key: key("k2"), body: `{}`}).send(deny); w.Code != http.StatusBadRequest || errCode(t, w) != "malformed_idempotency_scope" {
+		t.Errorf("Scope error: %d %s, want 400 malformed_idempotency_scope", w.Code, w.Body)
 	}
 }
 
-func TestMiddlewareFingerprint(t *testing.T) {
+// The fingerprint tells requests apart across field boundaries: path "/ab" with
+// body "c" is not path "/a" with body "bc", so the second, with the same key, is a
+// mismatch and not a replay of the first.
+func TestMiddlewareFingerprintIsUnambiguous(t *testing.T) {
 	t.Parallel()
-	a := producer.Fingerprint("POST", "/ab", []byte("c"))
-	b := producer.Fingerprint("POST", "/a", []byte("bc"))
-	c := producer.Fingerprint("POS", "T/ab", []byte("c"))
-	if bytes.Equal(a, b) || bytes.Equal(a, c) {
-		t.Error("fingerprint is ambiguous across field boundaries")
+	db := newDB(t, pgtest.Options{})
+	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(newTestApp(t))
+	if w := (req{path: "/ab", key: key("k1"), body: "c"}).send(h); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d", w.Code)
 	}
-	if !bytes.Equal(a, producer.Fingerprint("POST", "/ab", []byte("c"))) {
-		t.Error("fingerprint is not deterministic")
+	if w := (req{path: "/a", key: key("k1"), body: "bc"}).send(h); w.Code != http.StatusUnprocessableEntity {
+		t.Fatalf("same key, /a + bc after /ab + c: %d, want 422", w.Code)
 	}
-	if len(a) != 32 {
-		t.Errorf("fingerprint is %d bytes, want 32 (SHA-256)", len(a))
+	if w := (req{path: "/ab", key: key("k1"), body: "c"}).send(h); w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("the same request again: %d replayed=%q, want a replay", w.Code, w.Header().Get(idem.HeaderReplayed))
 	}
 }
 
-// AfterCommit runs once per committed request, after the commit (the row is
-// visible from another connection) and before the response is written; never for
-// a replay or a rolled-back request.
+// The fault point IngressAfterCommit is reached once per committed request, after
+// the commit (the row is visible from another connection) and before the response
+// is written; never for a replay or a rolled-back request. It is armed through the
+// request's context.
 func TestMiddlewareAfterCommit(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, pgtest.Options{})
 	type call struct {
-		scope     string
-		key       idem.Key
+		scopedKey string
 		committed int
+		written   bool
 	}
 	var calls []call
-	var h http.Handler
-	mw := newMiddleware(t, db.Pool, producer.MiddlewareConfig{
-		AfterCommit: func(_ context.Context, scope string, key idem.Key) {
-			calls = append(calls, call{scope, key, db.Count(t, `SELECT count(*) FROM idem_requests WHERE key = $1 AND status = 'done'`, string(key))})
-		},
-	})
-	h = mw.Wrap(newTestApp(t))
+	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(newTestApp(t))
 	body := `{"amount":1}`
 	for _, q := range []req{
 		{path: "/ok", key: key("k1"), scope: "tenant-a", body: body},
@@ -692,10 +720,108 @@ func TestMiddlewareAfterCommit(t *testing.T) {
 		{path: "/flaky", key: key("k2"), body: body},                 // 500: rolled back
 		{path: "/flaky", key: key("k2"), body: body},                 // the retry commits
 	} {
-		q.send(h)
+		w := httptest.NewRecorder()
+		q.ctx = faults.With(context.Background(), faults.New().Func(faults.IngressAfterCommit, func(_ context.Context, keys []string) error {
+			_, k, _ := idem.ParseScopedKey(keys[0])
+			calls = append(calls, call{keys[0], db.Count(t, `SELECT count(*) FROM idem_requests WHERE key = $1 AND status = 'done'`, string(k)), w.Body.Len() > 0})
+			return nil
+		}))
+		r := httptest.NewRequest(http.MethodPost, q.path, strings.NewReader(q.body)).WithContext(q.ctx)
+		r.Header.Set(idem.HeaderKey, *q.key)
+		if q.scope != "" {
+			r.Header.Set(idem.HeaderScope, q.scope)
+		}
+		h.ServeHTTP(w, r)
 	}
-	want := []call{{"tenant-a", "k1", 1}, {"", "k2", 1}}
+	want := []call{{idem.ScopedKey("tenant-a", "k1"), 1, false}, {"k2", 1, false}}
 	if !reflect.DeepEqual(calls, want) {
-		t.Fatalf("AfterCommit calls = %+v, want %+v", calls, want)
+		t.Fatalf("IngressAfterCommit hits = %+v, want %+v", calls, want)
+	}
+}
+
+// Intent.Enqueue writes the request's message into the outbox inside the request's
+// transaction, stamped with the scoped key: it commits with the stored response,
+// disappears with a rolled-back request, is not written again by a replay, and a
+// subject outside the outbox's Subjects fails the request.
+func TestIntentEnqueue(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	ob, err := outbox.New(outbox.Config{Subjects: []string{"test.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	h := newMiddleware(t, db.Pool, producer.Config{Outbox: ob}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, _ := producer.IntentFrom(r.Context())
+		if err := in.Enqueue(r.Context(), r.URL.Query().Get("subject"), []byte(`{"n":1}`), map[string]string{"X-Trace": "t1"}); err != nil {
+			producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
+			return
+		}
+		if r.URL.Path == "/flaky" && failOnce.CompareAndSwap(true, false) {
+			producer.WriteError(w, http.StatusServiceUnavailable, "try_again", "transient")
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
+	}))
+	send := func(path, k, scope string) int {
+		return req{path: path, key: key(k), scope: scope, body: `{}`}.send(h).Code
+	}
+	if c := send("/ok?subject=test.created", "k1", "tenant-a"); c != http.StatusAccepted {
+		t.Fatalf("first: %d", c)
+	}
+	if c := send("/ok?subject=test.created", "k1", "tenant-a"); c != http.StatusAccepted {
+		t.Fatalf("replay: %d", c)
+	}
+	if c := send("/flaky?subject=test.created", "k2", ""); c != http.StatusServiceUnavailable {
+		t.Fatalf("flaky: %d, want 503", c)
+	}
+	if c := send("/flaky?subject=test.created", "k2", ""); c != http.StatusAccepted {
+		t.Fatalf("flaky retry: %d", c)
+	}
+	w := req{path: "/ok?subject=orders.created", key: key("k3"), body: `{}`}.send(h)
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), "outside the stream's subjects") {
+		t.Fatalf("out-of-stream subject: %d %s, want 500 naming the subjects", w.Code, w.Body)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_outbox`); n != 2 {
+		t.Fatalf("outbox rows = %d, want 2 (k1 once despite the replay, k2 once despite the rollback)", n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = $1 AND subject = 'test.created' AND msg_id = $2 AND headers->>'X-Trace' = 't1'`,
+		idem.ScopedKey("tenant-a", "k1"), idem.MsgID("test.created", idem.ScopedKey("tenant-a", "k1"))); n != 1 {
+		t.Errorf("the message does not carry the scoped key, its Msg-Id and headers")
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE key = 'k3'`); n != 0 {
+		t.Errorf("the request whose enqueue failed was stored")
+	}
+}
+
+// With idem's tables in another schema the middleware claims and stores there, and
+// its default outbox writes there too.
+func TestMiddlewareInOtherSchema(t *testing.T) {
+	t.Parallel()
+	const schema = "idem_app"
+	db := newDB(t, pgtest.Options{Schema: schema})
+	h := newMiddleware(t, db.Pool, producer.Config{Schema: schema}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, _ := producer.IntentFrom(r.Context())
+		if err := in.Enqueue(r.Context(), "test.created", []byte(`{}`), nil); err != nil {
+			producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	for i, want := range []string{"", "true"} {
+		w := req{path: "/ok", key: key("k1"), body: `{}`}.send(h)
+		if w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != want {
+			t.Fatalf("request %d: %d replayed=%q body %s, want 201 replayed=%q", i+1, w.Code, w.Header().Get(idem.HeaderReplayed), w.Body, want)
+		}
+	}
+	if n := db.Count(t, `SELECT count(*) FROM `+schema+`.idem_requests WHERE key = 'k1' AND status = 'done'`); n != 1 {
+		t.Errorf("%s.idem_requests rows = %d, want 1", schema, n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM `+schema+`.idem_outbox`); n != 1 {
+		t.Errorf("%s.idem_outbox rows = %d, want 1", schema, n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'idem_%'`); n != 0 {
+		t.Errorf("public holds %d idem tables, want none", n)
 	}
 }

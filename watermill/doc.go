@@ -23,23 +23,29 @@
 // ([idem.HeaderKey]), a key minted by the client when the user acted; never a hash
 // of the payload. A message without a key is rejected with a permanent error.
 //
-// For each message it begins a transaction, claims (consumer, key) in idem_inbox
-// (dedupe.ClaimBatch) together with a fingerprint of the payload, and then:
+// For each message it begins a transaction and claims (consumer, key) in idem_inbox
+// together with the payload (dedupe.Inbox.Claim, the same claim idem's own
+// JetStream consumer makes), and acts on the verdict:
 //
-//   - key already claimed with the same payload: a duplicate. The handler is not
+//   - Duplicate (key already claimed with the same payload): the handler is not
 //     called; the message is acked and produces no messages.
-//   - key already claimed with another payload: a producer bug. A permanent
-//     error wrapping [ErrFingerprintMismatch]; nothing is merged.
-//   - key new: the handler runs with the transaction in the message context
+//   - Mismatch (key already claimed with another payload): a producer bug. A
+//     permanent error wrapping [ErrFingerprintMismatch]; nothing is merged.
+//   - Fresh: the handler runs with the transaction in the message context
 //     ([TxFromContext]). If it fails the transaction is rolled back, claim and all,
 //     so the redelivery runs the handler again. If it succeeds the claim commits
 //     together with the handler's own writes: there is no moment at which one exists
 //     without the other.
 //
+// Set [Config].Schema when idem's tables live outside the public schema.
+// [Config].KeyLifetime must outlast every window in which the broker can deliver the
+// message again; check it at start-up with dedupe.Lifetimes.Check (package worker
+// does so for idem's own consumers, but your Watermill broker is not one of them).
+//
 // # Wiring
 //
-// Permanent errors (missing or malformed key, fingerprint mismatch, or a handler
-// error wrapped with [Permanent]) can never succeed on redelivery: combine the
+// Permanent errors (missing or malformed key, fingerprint mismatch, a message the
+// outbox refuses, or a handler error wrapped with [Permanent]) can never succeed on redelivery: combine the
 // middleware with middleware.PoisonQueueWithFilter and [IsPermanent], or every
 // redelivery fails again. Retries go outside the idem middleware, so every attempt
 // gets a fresh transaction (a failed statement aborts a Postgres transaction):
@@ -53,7 +59,7 @@
 //			Multiplier:      2,
 //			ShouldRetry:     func(p middleware.RetryParams) bool { return !idemwatermill.IsPermanent(p.Err) },
 //		}.Middleware,
-//		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "ledger"}), // innermost
+//		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "orders"}), // innermost
 //	)
 //
 // A transient error that outlives the retries is returned to the router, which nacks
@@ -64,20 +70,25 @@
 // By default, messages a handler returns are published by the router after the
 // middleware has committed, outside the transaction. If that publish fails the
 // router nacks, the redelivery is a duplicate, and the returned messages are not
-// produced again: they are lost. Set [Config].OutboxSubject and the middleware
-// writes them into idem's outbox inside the transaction instead — they commit with
-// the claim and the business rows or not at all, the router gets none, and idem's
-// relay publishes them to JetStream. A returned message without a key gets
-// [DerivedKey] (consumer, incoming key, position) in the incoming scope, so
-// downstream consumers can fold them too. For several subjects, write from inside
-// the handler with [NewOutboxPublisher] on the transaction from [TxFromContext].
+// produced again: they are lost. Set [Config].OutboxSubject (and [Config].Outbox,
+// the service's *outbox.Outbox) and the middleware writes them into idem's outbox
+// inside the transaction instead — they commit with the claim and the business rows
+// or not at all, the router gets none, and idem's relay publishes them to
+// JetStream. A returned message without a key gets [DerivedKey] (consumer, incoming
+// key, position) in the incoming scope, so downstream consumers can fold them too.
+// For several subjects, write from inside the handler with [NewOutboxPublisher] on
+// the transaction from [TxFromContext].
 //
 // # The outbox publisher
 //
-// [OutboxPublisher] maps a Watermill message onto an idem.Message: the topic is the
-// JetStream subject and must be a literal subject under "idem." (for example
-// "idem.payments.charge"); metadata "Idempotency-Key" is the key (required: a
-// Watermill message UUID is not an idempotency key unless you set it as one);
-// metadata "Idempotency-Scope", when set, is joined to the key with
-// idem.ScopedKey; the payload is the payload; all other metadata become headers.
+// [OutboxPublisher] maps a Watermill message onto an idem.Message and writes it
+// through an *outbox.Outbox, so the outbox's Schema and stream Subjects apply: the
+// topic is the JetStream subject, any literal subject under the stream's subjects
+// (for example "orders.created" on a stream of "orders.>"; the topology is yours);
+// metadata "Idempotency-Key" is the key (required: a Watermill message UUID is not
+// an idempotency key unless you set it as one); metadata "Idempotency-Scope", when
+// set, is joined to the key with idem.ScopedKey; the payload is the payload;
+// metadata "Nats-Msg-Id" is dropped (the relay derives the Msg-Id from subject and
+// key, and one copied from an incoming message would fold the new message into the
+// old one at the broker); all other metadata become headers.
 package idemwatermill

@@ -17,11 +17,23 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
 
-// topic is the Watermill topic the tests' handlers subscribe to.
-const topic = "payments"
+// The test topology: the user's, not idem's. The Watermill topic the tests'
+// handlers subscribe to is the subject of the orders a producer announces; produced
+// messages go to subjectConfirmed; both lie on the stream ORDERS ("orders.>").
+const (
+	topic            = "orders.created"
+	subjectConfirmed = "orders.confirmed"
+	streamName       = "ORDERS"
+	streamSubjects   = "orders.>"
+)
+
+// consumerName is the inbox consumer of the middleware under test.
+const consumerName = "billing"
 
 // deadline bounds every wait on a condition; a test that hits it has hung.
 const deadline = 30 * time.Second
@@ -47,7 +59,7 @@ func startRouter(t *testing.T, ps *gochannel.GoChannel, handler message.NoPublis
 		t.Fatalf("new router: %v", err)
 	}
 	r.AddMiddleware(mws...)
-	r.AddConsumerHandler("ledger", topic, ps, handler)
+	r.AddConsumerHandler(consumerName, topic, ps, handler)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -90,16 +102,16 @@ func publish(t *testing.T, ps message.Publisher, msgs ...*message.Message) {
 	}
 }
 
-// chargePayload is the demo payment body.
-type chargePayload struct {
+// orderPayload is the test order body.
+type orderPayload struct {
 	Account     string `json:"account"`
 	AmountCents int64  `json:"amount_cents"`
 }
 
-// payment builds a Watermill message carrying a payment. An empty key leaves the
-// Idempotency-Key metadata unset.
-func payment(key, account string, cents int64) *message.Message {
-	body, err := json.Marshal(chargePayload{Account: account, AmountCents: cents})
+// order builds a Watermill message carrying an order to bill. An empty key leaves
+// the Idempotency-Key metadata unset.
+func order(key, account string, cents int64) *message.Message {
+	body, err := json.Marshal(orderPayload{Account: account, AmountCents: cents})
 	if err != nil {
 		panic(err) // a struct of a string and an int always marshals
 	}
@@ -110,36 +122,72 @@ func payment(key, account string, cents int64) *message.Message {
 	return m
 }
 
+// newDB returns a fresh database with idem's tables (in schema, default public) and
+// the test-local effect table order_effects, which has no unique constraint on the
+// key, so a double effect shows up as a second row.
+func newDB(t *testing.T, schema string) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewWith(t, pgtest.Options{Schema: schema})
+	if _, err := db.Pool.Exec(context.Background(), sqlCreateEffects); err != nil {
+		t.Fatalf("create order_effects: %v", err)
+	}
+	return db
+}
+
+const sqlCreateEffects = `
+CREATE TABLE public.order_effects (
+    id              bigserial PRIMARY KEY,
+    idempotency_key text      NOT NULL,
+    account         text      NOT NULL,
+    amount_cents    bigint    NOT NULL
+)`
+
+// effects counts the effect rows.
+func effects(t *testing.T, db *pgtest.DB) int {
+	t.Helper()
+	return db.Count(t, `SELECT count(*) FROM public.order_effects`)
+}
+
+// newOutbox returns the service's outbox: idem's tables in schema, messages
+// refused unless they lie on the ORDERS stream.
+func newOutbox(t *testing.T, schema string) *outbox.Outbox {
+	t.Helper()
+	ob, err := outbox.New(outbox.Config{Schema: schema, Subjects: []string{streamSubjects}})
+	if err != nil {
+		t.Fatalf("new outbox: %v", err)
+	}
+	return ob
+}
+
 // execer is a pool or a transaction.
 type execer = dedupe.Querier
 
-// insertLedger is the side effect: one row in ledger_entries, which has no unique
-// constraint on the key, so a double effect shows up as a second row.
-func insertLedger(ctx context.Context, db execer, msg *message.Message) error {
-	var p chargePayload
+// insertEffect is the side effect: one row in order_effects.
+func insertEffect(ctx context.Context, db execer, msg *message.Message) error {
+	var p orderPayload
 	if err := json.Unmarshal(msg.Payload, &p); err != nil {
-		return fmt.Errorf("decode payment: %w", err)
+		return fmt.Errorf("decode order: %w", err)
 	}
 	_, err := db.Exec(ctx,
-		`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, $2, $3)`,
+		`INSERT INTO public.order_effects (idempotency_key, account, amount_cents) VALUES ($1, $2, $3)`,
 		msg.Metadata.Get(idem.HeaderKey), p.Account, p.AmountCents)
 	if err != nil {
-		return fmt.Errorf("insert ledger entry: %w", err)
+		return fmt.Errorf("insert effect: %w", err)
 	}
 	return nil
 }
 
-// ledgerInTx writes the effect through the transaction the idem middleware opened.
-func ledgerInTx(msg *message.Message) error {
+// effectInTx writes the effect through the transaction the idem middleware opened.
+func effectInTx(msg *message.Message) error {
 	tx, ok := idemwatermill.TxFromContext(msg.Context())
 	if !ok {
 		return errors.New("no transaction in the message context")
 	}
-	return insertLedger(msg.Context(), tx, msg)
+	return insertEffect(msg.Context(), tx, msg)
 }
 
 // errTransient is the failure injected by flaky.
-var errTransient = errors.New("transient failure: the payment provider timed out")
+var errTransient = errors.New("transient failure: the billing provider timed out")
 
 // flaky wraps a handler: it counts calls and fails the first `failures` of them
 // with errTransient before any effect, as a handler whose provider timed out does.

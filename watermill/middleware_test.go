@@ -3,6 +3,7 @@ package idemwatermill_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -17,10 +18,10 @@ import (
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
 
-// newMiddleware returns the middleware under test with consumer "ledger".
+// newMiddleware returns the middleware under test with consumer consumerName.
 func newMiddleware(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
 	t.Helper()
-	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: "ledger", Logger: quiet()})
+	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumerName, Logger: quiet()})
 	if err != nil {
 		t.Fatalf("new middleware: %v", err)
 	}
@@ -49,16 +50,16 @@ func poisonQueue(t *testing.T, rec *recorder) message.HandlerMiddleware {
 // too.
 func TestRedeliveryIsFoldedIntoOneEffect(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	ps := newPubSub()
-	h := &flaky{next: ledgerInTx}
+	h := &flaky{next: effectInTx}
 	startRouter(t, ps, h.handle, newMiddleware(t, db))
 
-	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+	msg := order(idem.NewKey().String(), "acct_1", 1250)
 	publish(t, ps, msg)
 	publish(t, ps, msg) // the broker redelivers the same message
 
-	again := payment(msg.Metadata.Get(idem.HeaderKey), "acct_1", 1250)
+	again := order(msg.Metadata.Get(idem.HeaderKey), "acct_1", 1250)
 	if again.UUID == msg.UUID {
 		t.Fatal("test setup: the re-publish must carry a fresh UUID")
 	}
@@ -67,37 +68,37 @@ func TestRedeliveryIsFoldedIntoOneEffect(t *testing.T) {
 	if got := h.calls.Load(); got != 1 {
 		t.Errorf("handler ran %d times, want 1", got)
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
-		t.Errorf("ledger rows = %d, want 1", got)
+	if got := effects(t, db); got != 1 {
+		t.Errorf("effect rows = %d, want 1", got)
 	}
-	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'ledger'`); got != 1 {
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'billing'`); got != 1 {
 		t.Errorf("inbox rows = %d, want 1", got)
 	}
 }
 
 // The same key with a different payload is a producer bug: it is rejected with a
-// permanent error that the poison queue files with its reason; the first payment
-// stands alone and the second amount is never charged.
+// permanent error that the poison queue files with its reason; the first order
+// stands alone and the second amount is never billed.
 func TestSameKeyDifferentPayloadIsRejected(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	ps := newPubSub()
 	poisoned := &recorder{}
-	h := &flaky{next: ledgerInTx}
+	h := &flaky{next: effectInTx}
 	startRouter(t, ps, h.handle, poisonQueue(t, poisoned), newMiddleware(t, db))
 
 	key := idem.NewKey().String()
-	publish(t, ps, payment(key, "acct_1", 1250))
-	publish(t, ps, payment(key, "acct_1", 9999)) // acked only after the poison queue took it
+	publish(t, ps, order(key, "acct_1", 1250))
+	publish(t, ps, order(key, "acct_1", 9999)) // acked only after the poison queue took it
 
 	if got := h.calls.Load(); got != 1 {
 		t.Errorf("handler ran %d times, want 1", got)
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
-		t.Errorf("ledger rows = %d, want 1", got)
+	if got := effects(t, db); got != 1 {
+		t.Errorf("effect rows = %d, want 1", got)
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries WHERE amount_cents = 9999`); got != 0 {
-		t.Errorf("the mismatched payload was charged %d times", got)
+	if got := db.Count(t, `SELECT count(*) FROM public.order_effects WHERE amount_cents = 9999`); got != 0 {
+		t.Errorf("the mismatched payload was billed %d times", got)
 	}
 	msgs := poisoned.messages()
 	if len(msgs) != 1 {
@@ -108,8 +109,8 @@ func TestSameKeyDifferentPayloadIsRejected(t *testing.T) {
 	}
 
 	// The error itself, without the router.
-	wrapped := newMiddleware(t, db)(noPublish(ledgerInTx))
-	_, err := wrapped(payment(key, "acct_1", 9999))
+	wrapped := newMiddleware(t, db)(noPublish(effectInTx))
+	_, err := wrapped(order(key, "acct_1", 9999))
 	if !errors.Is(err, idemwatermill.ErrFingerprintMismatch) || !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Errorf("error = %v, want ErrFingerprintMismatch wrapping idem.ErrFingerprintMismatch", err)
 	}
@@ -122,13 +123,13 @@ func TestSameKeyDifferentPayloadIsRejected(t *testing.T) {
 // into a key: it is a permanent error, filed by the poison queue.
 func TestMissingKeyGoesToPoisonQueue(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	ps := newPubSub()
 	poisoned := &recorder{}
-	h := &flaky{next: ledgerInTx}
+	h := &flaky{next: effectInTx}
 	startRouter(t, ps, h.handle, poisonQueue(t, poisoned), newMiddleware(t, db))
 
-	publish(t, ps, payment("", "acct_1", 1250))
+	publish(t, ps, order("", "acct_1", 1250))
 
 	if got := h.calls.Load(); got != 0 {
 		t.Errorf("handler ran %d times, want 0", got)
@@ -147,7 +148,7 @@ func TestMissingKeyGoesToPoisonQueue(t *testing.T) {
 
 func TestBadKeysArePermanentErrors(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	cases := []struct {
 		name     string
 		metadata map[string]string
@@ -190,12 +191,12 @@ func TestBadKeysArePermanentErrors(t *testing.T) {
 // nor the claim. The next delivery runs again; the one after is a duplicate.
 func TestHandlerErrorRollsBackClaimAndWrites(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	mw := newMiddleware(t, db)
-	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+	msg := order(idem.NewKey().String(), "acct_1", 1250)
 
 	failing := mw(func(msg *message.Message) ([]*message.Message, error) {
-		if err := ledgerInTx(msg); err != nil {
+		if err := effectInTx(msg); err != nil {
 			return nil, err
 		}
 		return nil, errTransient // after the write
@@ -207,14 +208,14 @@ func TestHandlerErrorRollsBackClaimAndWrites(t *testing.T) {
 	if idemwatermill.IsPermanent(err) {
 		t.Errorf("a plain handler error must not be permanent")
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 0 {
-		t.Errorf("ledger rows after the failure = %d, want 0", got)
+	if got := effects(t, db); got != 0 {
+		t.Errorf("effect rows after the failure = %d, want 0", got)
 	}
 	if got := db.Count(t, `SELECT count(*) FROM idem_inbox`); got != 0 {
 		t.Errorf("inbox rows after the failure = %d, want 0 (the claim must roll back)", got)
 	}
 
-	h := &flaky{next: ledgerInTx}
+	h := &flaky{next: effectInTx}
 	working := mw(noPublish(h.handle))
 	for i := range 2 {
 		if _, err := working(msg); err != nil {
@@ -224,12 +225,12 @@ func TestHandlerErrorRollsBackClaimAndWrites(t *testing.T) {
 	if got := h.calls.Load(); got != 1 {
 		t.Errorf("handler ran %d times after the failure, want 1", got)
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
-		t.Errorf("ledger rows = %d, want 1", got)
+	if got := effects(t, db); got != 1 {
+		t.Errorf("effect rows = %d, want 1", got)
 	}
 
 	// A handler may mark its own error permanent; the claim rolls back just the same.
-	other := payment(idem.NewKey().String(), "acct_2", 1)
+	other := order(idem.NewKey().String(), "acct_2", 1)
 	_, err = mw(noPublish(func(*message.Message) error {
 		return idemwatermill.Permanent(errors.New("account closed"))
 	}))(other)
@@ -245,9 +246,9 @@ func TestHandlerErrorRollsBackClaimAndWrites(t *testing.T) {
 // wait on its uncommitted claim and are folded as duplicates once it commits.
 func TestConcurrentDeliveriesProduceOneEffect(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	const deliveries = 8
-	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+	msg := order(idem.NewKey().String(), "acct_1", 1250)
 
 	h := &flaky{next: func(msg *message.Message) error {
 		// Hold the claim until every other delivery is blocked on it, so the test
@@ -269,7 +270,7 @@ func TestConcurrentDeliveriesProduceOneEffect(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond) // poll interval of a condition wait, bounded by stop
 		}
-		return ledgerInTx(msg)
+		return effectInTx(msg)
 	}}
 	wrapped := newMiddleware(t, db)(noPublish(h.handle))
 
@@ -293,8 +294,8 @@ func TestConcurrentDeliveriesProduceOneEffect(t *testing.T) {
 	if got := h.calls.Load(); got != 1 {
 		t.Errorf("handler ran %d times, want 1", got)
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 1 {
-		t.Errorf("ledger rows = %d, want 1", got)
+	if got := effects(t, db); got != 1 {
+		t.Errorf("effect rows = %d, want 1", got)
 	}
 }
 
@@ -303,12 +304,12 @@ func TestConcurrentDeliveriesProduceOneEffect(t *testing.T) {
 // returned on the first delivery and not on a duplicate.
 func TestTransactionContextAndProducedMessages(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	if _, ok := idemwatermill.TxFromContext(context.Background()); ok {
 		t.Error("TxFromContext found a transaction in an empty context")
 	}
 
-	msg := payment(idem.NewKey().String(), "acct_1", 1250)
+	msg := order(idem.NewKey().String(), "acct_1", 1250)
 	receipt := message.NewMessage(watermill.NewUUID(), []byte(`{"receipt":true}`))
 	sawTx := false
 	wrapped := newMiddleware(t, db)(func(m *message.Message) ([]*message.Message, error) {
@@ -340,17 +341,17 @@ func TestTransactionContextAndProducedMessages(t *testing.T) {
 // key, as idem's JetStream consumer would.
 func TestScopesKeepEqualKeysApart(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	wrapped := newMiddleware(t, db)(noPublish(ledgerInTx))
+	db := newDB(t, "")
+	wrapped := newMiddleware(t, db)(noPublish(effectInTx))
 	for _, scope := range []string{"tenant_a", "tenant_b", "tenant_a"} {
-		msg := payment("order-1", "acct_1", 1250)
+		msg := order("order-1", "acct_1", 1250)
 		msg.Metadata.Set(idem.HeaderScope, scope)
 		if _, err := wrapped(msg); err != nil {
 			t.Fatalf("scope %s: %v", scope, err)
 		}
 	}
-	if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != 2 {
-		t.Errorf("ledger rows = %d, want 2 (one per tenant)", got)
+	if got := effects(t, db); got != 2 {
+		t.Errorf("effect rows = %d, want 2 (one per tenant)", got)
 	}
 	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = $1`, idem.ScopedKey("tenant_a", "order-1")); got != 1 {
 		t.Errorf("inbox does not hold tenant_a's scoped key")
@@ -359,13 +360,13 @@ func TestScopesKeepEqualKeysApart(t *testing.T) {
 
 func TestKeyLifetime(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	for consumer, want := range map[string]time.Duration{"default": 0, "short": time.Hour} {
 		mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumer, KeyLifetime: want, Logger: quiet()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := mw(noPublish(ledgerInTx))(payment("k1", "acct_1", 1)); err != nil {
+		if _, err := mw(noPublish(effectInTx))(order("k1", "acct_1", 1)); err != nil {
 			t.Fatal(err)
 		}
 		if want == 0 {
@@ -385,7 +386,7 @@ func TestKeyLifetime(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db := newDB(t, "")
 	cases := []struct {
 		name string
 		cfg  idemwatermill.Config
@@ -394,8 +395,11 @@ func TestConfigValidation(t *testing.T) {
 		{name: "nil pool", cfg: idemwatermill.Config{Consumer: "c"}, nil: true},
 		{name: "no consumer", cfg: idemwatermill.Config{}},
 		{name: "negative lifetime", cfg: idemwatermill.Config{Consumer: "c", KeyLifetime: -time.Second}},
-		{name: "outbox subject outside idem.", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders.created"}},
-		{name: "wildcard outbox subject", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "idem.>"}},
+		{name: "wildcard outbox subject", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders.>"}},
+		{name: "outbox subject with an empty token", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders..confirmed"}},
+		{name: "outbox subject with a space", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders.con firmed"}},
+		{name: "outbox without an outbox subject", cfg: idemwatermill.Config{Consumer: "c", Outbox: newOutbox(t, "")}},
+		{name: "bad schema", cfg: idemwatermill.Config{Consumer: "c", Schema: "Idem-Tables"}},
 	}
 	for _, tc := range cases {
 		pool := db.Pool
@@ -414,6 +418,19 @@ func TestConfigValidation(t *testing.T) {
 			idemwatermill.Middleware(pool, tc.cfg)
 		}()
 	}
+
+	// The topology is the user's: any literal subject is a valid outbox subject,
+	// with or without an outbox of the user's stream.
+	for _, cfg := range []idemwatermill.Config{
+		{Consumer: "c", OutboxSubject: subjectConfirmed},
+		{Consumer: "c", OutboxSubject: "billing.receipts.sent"},
+		{Consumer: "c", OutboxSubject: subjectConfirmed, Outbox: newOutbox(t, "")},
+		{Consumer: "c", Schema: "tenant_tables"},
+	} {
+		if _, err := idemwatermill.NewMiddleware(db.Pool, cfg); err != nil {
+			t.Errorf("NewMiddleware(%+v) refused a valid config: %v", cfg, err)
+		}
+	}
 }
 
 // With OutboxSubject, the messages a handler returns go into idem's outbox inside
@@ -422,14 +439,16 @@ func TestConfigValidation(t *testing.T) {
 // scope; one with a key keeps it; a duplicate produces nothing more.
 func TestProducedMessagesThroughTheOutbox(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: "ledger", OutboxSubject: "idem.receipts.send", Logger: quiet()})
+	db := newDB(t, "")
+	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: subjectConfirmed, Outbox: newOutbox(t, ""), Logger: quiet(),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	failOnce := true
 	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
-		if err := ledgerInTx(m); err != nil {
+		if err := effectInTx(m); err != nil {
 			return nil, err
 		}
 		unkeyed := message.NewMessage(watermill.NewUUID(), []byte(`{"receipt":1}`))
@@ -437,14 +456,14 @@ func TestProducedMessagesThroughTheOutbox(t *testing.T) {
 		keyed.Metadata.Set(idem.HeaderKey, "receipt-explicit")
 		keyed.Metadata.Set("X-Trace", "t1")
 		if failOnce {
-			// Produced, then failed: neither the ledger row nor the messages may
+			// Produced, then failed: neither the effect row nor the messages may
 			// survive the rollback.
 			failOnce = false
 			return []*message.Message{unkeyed, keyed}, errors.New("transient")
 		}
 		return []*message.Message{unkeyed, keyed}, nil
 	})
-	msg := payment("order-7", "acct_1", 1250)
+	msg := order("order-7", "acct_1", 1250)
 	msg.Metadata.Set(idem.HeaderScope, "tenant_a")
 
 	if _, err := wrapped(msg); err == nil {
@@ -459,15 +478,16 @@ func TestProducedMessagesThroughTheOutbox(t *testing.T) {
 			t.Fatalf("attempt %d: produced %d messages to the router, err %v; want none, nil", attempt, len(produced), err)
 		}
 	}
-	if n := db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 1 {
-		t.Errorf("ledger rows = %d, want 1", n)
+	if n := effects(t, db); n != 1 {
+		t.Errorf("effect rows = %d, want 1", n)
 	}
-	derived := idem.ScopedKey("tenant_a", idem.Key(idemwatermill.DerivedKey("ledger", "order-7", 0)))
+	derived := idem.ScopedKey("tenant_a", idem.Key(idemwatermill.DerivedKey(consumerName, "order-7", 0)))
 	for _, want := range []struct{ key, payload string }{
 		{derived, `{"receipt":1}`},
 		{"receipt-explicit", `{"receipt":2}`},
 	} {
-		if n := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE subject = 'idem.receipts.send' AND key = $1 AND payload = $2::bytea`, want.key, want.payload); n != 1 {
+		if n := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE subject = $3 AND key = $1 AND payload = $2::bytea AND msg_id = $4`,
+			want.key, want.payload, subjectConfirmed, idem.MsgID(subjectConfirmed, want.key)); n != 1 {
 			t.Errorf("outbox rows with key %q and payload %s = %d, want 1", want.key, want.payload, n)
 		}
 	}
@@ -483,32 +503,137 @@ func TestProducedMessagesThroughTheOutbox(t *testing.T) {
 // and the claim is rolled back with everything else.
 func TestProducedMessageThatCannotBeAHeaderIsPermanent(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: "ledger", OutboxSubject: "idem.receipts.send", Logger: quiet()})
+	db := newDB(t, "")
+	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: consumerName, OutboxSubject: subjectConfirmed, Logger: quiet()})
 	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
 		out := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		out.Metadata.Set("bad name", "v")
-		return []*message.Message{out}, ledgerInTx(m)
+		return []*message.Message{out}, effectInTx(m)
 	})
-	_, err := wrapped(payment("order-8", "acct_1", 1))
+	_, err := wrapped(order("order-8", "acct_1", 1))
 	if !idemwatermill.IsPermanent(err) {
 		t.Fatalf("err = %v, want a permanent error", err)
 	}
-	if n := db.Count(t, `SELECT count(*) FROM idem_inbox`) + db.Count(t, `SELECT count(*) FROM ledger_entries`); n != 0 {
-		t.Errorf("%d inbox and ledger rows survived, want none", n)
+	if n := db.Count(t, `SELECT count(*) FROM idem_inbox`) + effects(t, db); n != 0 {
+		t.Errorf("%d inbox and effect rows survived, want none", n)
+	}
+}
+
+// The outbox given in Config applies its stream subjects: a produced message on a
+// subject no stream stores is refused with a permanent error (no retry can store
+// it), and the claim is rolled back with everything else.
+func TestProducedMessageOutsideTheStreamIsPermanent(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, "")
+	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: "billing.receipts.sent", Outbox: newOutbox(t, ""), Logger: quiet(),
+	})
+	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, effectInTx(m)
+	})
+	_, err := wrapped(order("order-9", "acct_1", 1))
+	if !idemwatermill.IsPermanent(err) || !errors.Is(err, idem.ErrBadSubject) {
+		t.Fatalf("err = %v, want a permanent error wrapping idem.ErrBadSubject", err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_inbox`) + effects(t, db) + db.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {
+		t.Errorf("%d inbox, effect and outbox rows survived, want none", n)
+	}
+}
+
+// A handler commonly copies the incoming metadata (trace and correlation ids) onto
+// the messages it produces. The incoming Nats-Msg-Id must not come along: the outbox
+// refuses a caller-set Msg-Id, and were it published the broker would fold the new
+// message into the incoming one inside its duplicate window. It is dropped, and the
+// row's Msg-Id is derived from its own subject and key; the rest of the metadata
+// survives.
+func TestProducedMessagesDropTheIncomingMsgID(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, "")
+	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: subjectConfirmed, Outbox: newOutbox(t, ""), Logger: quiet(),
+	})
+	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
+		copied := message.NewMessage(watermill.NewUUID(), []byte(`{"confirmed":true}`))
+		copied.Metadata = maps.Clone(m.Metadata) // Idempotency-Key, Nats-Msg-Id, traceparent, X-Correlation-Id
+		unkeyed := message.NewMessage(watermill.NewUUID(), []byte(`{"confirmed":"again"}`))
+		unkeyed.Metadata.Set(idem.HeaderMsgID, m.Metadata.Get(idem.HeaderMsgID))
+		return []*message.Message{copied, unkeyed}, effectInTx(m)
+	})
+
+	in := order(idem.NewKey().String(), "acct_1", 1250)
+	key := in.Metadata.Get(idem.HeaderKey)
+	in.Metadata.Set(idem.HeaderMsgID, idem.MsgID(topic, key)) // as idem's relay published it
+	in.Metadata.Set("X-Correlation-Id", "corr-1")
+	if _, err := wrapped(in); err != nil {
+		t.Fatalf("handling a message whose produced messages carry its Msg-Id: %v", err)
+	}
+
+	derived := idem.ScopedKey("", idem.Key(idemwatermill.DerivedKey(consumerName, key, 1)))
+	for _, want := range []string{key, derived} {
+		var msgID string
+		var headers map[string]string
+		if err := db.Pool.QueryRow(context.Background(),
+			`SELECT msg_id, headers FROM idem_outbox WHERE key = $1 AND subject = $2`, want, subjectConfirmed).Scan(&msgID, &headers); err != nil {
+			t.Fatalf("outbox row for key %q: %v", want, err)
+		}
+		if msgID != idem.MsgID(subjectConfirmed, want) {
+			t.Errorf("key %q: msg_id = %q, want %q (derived from its own subject and key)", want, msgID, idem.MsgID(subjectConfirmed, want))
+		}
+		if _, ok := headers[idem.HeaderMsgID]; ok {
+			t.Errorf("key %q: the incoming %s was copied into the headers: %v", want, idem.HeaderMsgID, headers)
+		}
+	}
+	var corr string
+	if err := db.Pool.QueryRow(context.Background(),
+		`SELECT headers->>'X-Correlation-Id' FROM idem_outbox WHERE key = $1`, key).Scan(&corr); err != nil || corr != "corr-1" {
+		t.Errorf("copied metadata header X-Correlation-Id = %q (%v), want corr-1", corr, err)
+	}
+}
+
+// Config.Schema puts the claim (and, without an Outbox, the produced messages) in
+// idem's tables of that schema; a middleware of the default schema cannot find them.
+func TestSchema(t *testing.T) {
+	t.Parallel()
+	const schema = "idem_tables"
+	db := newDB(t, schema)
+	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
+		Consumer: consumerName, Schema: schema, OutboxSubject: subjectConfirmed, Logger: quiet(),
+	})
+	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, effectInTx(m)
+	})
+	msg := order("order-10", "acct_1", 1)
+	for range 2 { // the first delivery, then a duplicate
+		if _, err := wrapped(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := effects(t, db); n != 1 {
+		t.Errorf("effect rows = %d, want 1", n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_tables.idem_inbox WHERE consumer = $1 AND key = 'order-10'`, consumerName); n != 1 {
+		t.Errorf("claims in %s.idem_inbox = %d, want 1", schema, n)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_tables.idem_outbox WHERE subject = $1`, subjectConfirmed); n != 1 {
+		t.Errorf("rows in %s.idem_outbox = %d, want 1", schema, n)
+	}
+
+	public := idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: consumerName, Logger: quiet()})
+	if _, err := public(noPublish(effectInTx))(order("order-11", "acct_1", 1)); err == nil {
+		t.Error("a middleware of the public schema found idem's tables in a database that has them elsewhere")
 	}
 }
 
 func TestDerivedKey(t *testing.T) {
 	t.Parallel()
-	if got := idemwatermill.DerivedKey("ledger", "k1", 2); got != "ledger:k1:2" {
+	if got := idemwatermill.DerivedKey("billing", "k1", 2); got != "billing:k1:2" {
 		t.Errorf("DerivedKey = %q", got)
 	}
-	long := idemwatermill.DerivedKey("ledger", strings.Repeat("k", 255), 0)
+	long := idemwatermill.DerivedKey("billing", strings.Repeat("k", 255), 0)
 	if _, err := idem.ParseKey(long); err != nil || len(long) != 64 {
 		t.Errorf("DerivedKey of a long key = %q (%v), want 64 hex digits", long, err)
 	}
-	if long == idemwatermill.DerivedKey("ledger", strings.Repeat("k", 255), 1) {
+	if long == idemwatermill.DerivedKey("billing", strings.Repeat("k", 255), 1) {
 		t.Error("two positions share a derived key")
 	}
 }

@@ -34,7 +34,7 @@ func watermillDefault() contender {
 		middleware: func(*pgtest.DB) message.HandlerMiddleware {
 			return (&middleware.Deduplicator{}).Middleware
 		},
-		effect: ledgerViaPool,
+		effect: effectViaPool,
 	}
 }
 
@@ -47,7 +47,7 @@ func watermillByKey() contender {
 			d := &middleware.Deduplicator{KeyFactory: middleware.NewMessageHasherFromMetadataField(idem.HeaderKey)}
 			return d.Middleware
 		},
-		effect: ledgerViaPool,
+		effect: effectViaPool,
 	}
 }
 
@@ -56,14 +56,14 @@ func adapter() contender {
 	return contender{
 		name: "idemwatermill.Middleware",
 		middleware: func(db *pgtest.DB) message.HandlerMiddleware {
-			return idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: "ledger", Logger: quiet()})
+			return idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: consumerName, Logger: quiet()})
 		},
-		effect: func(*pgtest.DB) message.NoPublishHandlerFunc { return ledgerInTx },
+		effect: func(*pgtest.DB) message.NoPublishHandlerFunc { return effectInTx },
 	}
 }
 
-func ledgerViaPool(db *pgtest.DB) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) error { return insertLedger(msg.Context(), db.Pool, msg) }
+func effectViaPool(db *pgtest.DB) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error { return insertEffect(msg.Context(), db.Pool, msg) }
 }
 
 // A handler fails once, transiently, before its effect. The router nacks and
@@ -71,14 +71,14 @@ func ledgerViaPool(db *pgtest.DB) message.NoPublishHandlerFunc {
 //
 // Watermill's Deduplicator recorded the key before the handler ran, so it drops
 // the redelivery as a duplicate and acks it: the handler ran once, failed, and the
-// payment never happens. Keying on Idempotency-Key does not help; the flaw is the
+// order is never billed. Keying on Idempotency-Key does not help; the flaw is the
 // order (record, then run), not the key. The adapter's claim is rolled back with
 // the failed attempt, so the redelivery runs: exactly one effect.
 func TestTransientFailureLosesMessageOnlyWithWatermillDeduplicator(t *testing.T) {
 	cases := []struct {
 		contender
 		wantCalls   int64 // handler invocations, the failed one included
-		wantEffects int   // ledger rows
+		wantEffects int   // effect rows
 	}{
 		{contender: watermillDefault(), wantCalls: 1, wantEffects: 0},
 		{contender: watermillByKey(), wantCalls: 1, wantEffects: 0},
@@ -87,31 +87,31 @@ func TestTransientFailureLosesMessageOnlyWithWatermillDeduplicator(t *testing.T)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t)
+			db := newDB(t, "")
 			ps := newPubSub()
 			h := &flaky{failures: 1, next: tc.effect(db)}
 			startRouter(t, ps, h.handle, tc.middleware(db))
 
 			// Returns once the message is acked: processed or dropped.
-			publish(t, ps, payment(idem.NewKey().String(), "acct_1", 1250))
+			publish(t, ps, order(idem.NewKey().String(), "acct_1", 1250))
 
 			if got := h.calls.Load(); got != tc.wantCalls {
 				t.Errorf("handler ran %d times, want %d", got, tc.wantCalls)
 			}
-			if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != tc.wantEffects {
-				t.Errorf("ledger rows = %d, want %d", got, tc.wantEffects)
+			if got := effects(t, db); got != tc.wantEffects {
+				t.Errorf("effect rows = %d, want %d", got, tc.wantEffects)
 			}
 		})
 	}
 }
 
-// Two devices each press "pay 12.50 from acct_1": two intents, two keys, the same
-// bytes.
+// Two devices each place "an order of 12.50 from acct_1": two intents, two keys,
+// the same bytes.
 //
 // Watermill's default Deduplicator keys on a hash of the payload and folds the
-// second payment into the first. (Keyed on Idempotency-Key it keeps both: that
+// second order into the first. (Keyed on Idempotency-Key it keeps both: that
 // flaw is fixable by configuration, the lost retry above is not.) The adapter keys
-// on Idempotency-Key only and charges twice, as asked.
+// on Idempotency-Key only and bills twice, as asked.
 func TestIdenticalPaymentsFoldedOnlyByPayloadHash(t *testing.T) {
 	cases := []struct {
 		contender
@@ -124,20 +124,20 @@ func TestIdenticalPaymentsFoldedOnlyByPayloadHash(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t)
+			db := newDB(t, "")
 			ps := newPubSub()
 			h := &flaky{next: tc.effect(db)}
 			startRouter(t, ps, h.handle, tc.middleware(db))
 
-			first, second := payment("device-a-press-1", "acct_1", 1250), payment("device-b-press-1", "acct_1", 1250)
+			first, second := order("device-a-press-1", "acct_1", 1250), order("device-b-press-1", "acct_1", 1250)
 			if string(first.Payload) != string(second.Payload) {
-				t.Fatal("test setup: the two payments must be byte-identical")
+				t.Fatal("test setup: the two orders must be byte-identical")
 			}
 			publish(t, ps, first)
 			publish(t, ps, second)
 
-			if got := db.Count(t, `SELECT count(*) FROM ledger_entries`); got != tc.wantEffects {
-				t.Errorf("ledger rows = %d, want %d", got, tc.wantEffects)
+			if got := effects(t, db); got != tc.wantEffects {
+				t.Errorf("effect rows = %d, want %d", got, tc.wantEffects)
 			}
 		})
 	}

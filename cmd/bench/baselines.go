@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/refapp"
 )
 
 // BaselineConfig configures the naive and handwritten-inbox scenarios.
@@ -40,16 +40,16 @@ const (
 )
 
 // handleFunc handles one message with the database; an error means nak.
-type handleFunc func(ctx context.Context, pool *pgxpool.Pool, key string, c demo.Charge) error
+type handleFunc func(ctx context.Context, pool *pgxpool.Pool, key string, c refapp.Charge) error
 
 // naiveHandle: one autocommit INSERT, no dedupe. A redelivery is a second charge.
-func naiveHandle(ctx context.Context, pool *pgxpool.Pool, key string, c demo.Charge) error {
+func naiveHandle(ctx context.Context, pool *pgxpool.Pool, key string, c refapp.Charge) error {
 	_, err := pool.Exec(ctx, sqlLedgerOne, key, c.Account, c.AmountCents)
 	return err
 }
 
 // inboxHandle: one transaction per message, claim then effect.
-func inboxHandle(ctx context.Context, pool *pgxpool.Pool, key string, c demo.Charge) error {
+func inboxHandle(ctx context.Context, pool *pgxpool.Pool, key string, c refapp.Charge) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -87,9 +87,9 @@ func runBaseline(ctx context.Context, env *Env, name string, cfg BaselineConfig,
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	durable := "bench-" + name
-	cons, err := env.JS.CreateOrUpdateConsumer(ctx, idem.StreamName, jetstream.ConsumerConfig{
+	cons, err := env.JS.CreateOrUpdateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{
 		Durable:       durable,
-		FilterSubject: idem.SubjectCharge,
+		FilterSubject: refapp.SubjectCharge,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       30 * time.Second,
 		MaxAckPending: 1000, // the same bound the idem consumer runs with
@@ -121,7 +121,7 @@ func runBaseline(ctx context.Context, env *Env, name string, cfg BaselineConfig,
 					return
 				case m = <-work:
 				}
-				c, err := demo.DecodeCharge(m.Data())
+				c, err := refapp.DecodeCharge(m.Data())
 				if err != nil {
 					cfg.Log.Error("poison message", "scenario", name, "err", err)
 					_ = m.Term()

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/refapp"
 )
 
 // Table rows of the e2e scenario.
@@ -44,10 +44,11 @@ type PipelineConfig struct {
 	BatchSize   int
 	Concurrency int
 	// Duplicate enqueues every intent twice, the second copy with a Nats-Msg-Id of
-	// its own so the broker cannot fold it: only the inbox can.
+	// its own (Outbox.Republish) so the broker cannot fold it: only the inbox can.
 	Duplicate bool
-	// DropFraction of committed batches have their acks dropped (AfterCommit fails),
-	// so they are redelivered after AckWait.
+	// DropFraction of committed batches have their acks dropped (the
+	// consumer.after-commit fault point fails), so they are redelivered after
+	// AckWait.
 	DropFraction float64
 	AckWait      time.Duration
 	Timeout      time.Duration
@@ -75,6 +76,11 @@ type pipelineRun struct {
 
 var errDropAcks = errors.New("bench: acks of this batch dropped on purpose")
 
+// dupGeneration is the Msg-Id generation of e2e-dup's copies: the copy of an intent
+// is published as idem.MsgID(subject, key) + " copy", which the broker does not fold
+// into the original.
+const dupGeneration = "copy"
+
 // runPipeline runs cfg.N intents through the pipeline in env.
 func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun, error) {
 	var out pipelineRun
@@ -94,51 +100,54 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 	var processed, duplicates, dropped, badKey atomic.Int64
 
 	c, err := consumer.New(env.Pool, env.JS, consumer.Config{
-		Name:         "charges",
-		Subject:      idem.SubjectCharge,
-		BatchHandler: demo.ChargeHandler{},
+		Name:         refapp.ChargeConsumer,
+		Stream:       refapp.StreamName,
+		Subject:      refapp.SubjectCharge,
+		BatchHandler: refapp.ChargeHandler{},
 		BatchSize:    cfg.BatchSize,
 		Concurrency:  cfg.Concurrency,
 		AckWait:      cfg.AckWait,
 		Logger:       cfg.Log,
-		OnOutcome: func(_, outcome string, n int) {
-			switch outcome {
+		Observer: func(e idem.Event) {
+			switch e.Outcome {
 			case consumer.OutcomeProcessed:
-				processed.Add(int64(n))
+				processed.Add(int64(e.Count))
 			case consumer.OutcomeDuplicate:
-				duplicates.Add(int64(n))
+				duplicates.Add(int64(e.Count))
 			}
-		},
-		// Runs right after each batch's COMMIT returned and before its acks: the
-		// moment the effects became durable. A delivery's key may have committed in
-		// an earlier batch (a duplicate); only the first commit of a key counts.
-		AfterCommit: func(_ context.Context, ds []*consumer.Delivery) error {
-			now := since()
-			for _, d := range ds {
-				seq, ok := index[d.Key]
-				if !ok {
-					badKey.Add(1)
-					continue
-				}
-				if committed[seq].CompareAndSwap(0, now) {
-					effects.Add(1)
-				}
-			}
-			if cfg.DropFraction > 0 && rand.Float64() < cfg.DropFraction {
-				dropped.Add(1)
-				return errDropAcks
-			}
-			return nil
 		},
 	})
 	if err != nil {
 		return out, fmt.Errorf("consumer: %w", err)
 	}
+	// The consumer.after-commit fault point runs right after each batch's COMMIT
+	// returned and before its acks: the moment the effects became durable. A
+	// delivery's key may have committed in an earlier batch (a duplicate); only the
+	// first commit of a key counts. Returning an error abandons the batch unacked.
+	afterCommit := func(_ context.Context, keys []string) error {
+		now := since()
+		for _, k := range keys {
+			seq, ok := index[k]
+			if !ok {
+				badKey.Add(1)
+				continue
+			}
+			if committed[seq].CompareAndSwap(0, now) {
+				effects.Add(1)
+			}
+		}
+		if cfg.DropFraction > 0 && rand.Float64() < cfg.DropFraction {
+			dropped.Add(1)
+			return errDropAcks
+		}
+		return nil
+	}
 	published := newCounter(messages)
 	relay, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
+		Stream:    refapp.StreamName,
 		BatchSize: cfg.RelayBatch,
 		Logger:    cfg.Log,
-		OnBatch:   func(ok, _ int, _ time.Duration) { published.Add(ok) },
+		Observer:  relayObserver(published, nil),
 	})
 	if err != nil {
 		return out, fmt.Errorf("relay: %w", err)
@@ -146,10 +155,11 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	consumerCtx := faults.With(runCtx, faults.New().Func(faults.ConsumerAfterCommit, afterCommit))
 	var wg sync.WaitGroup
 	errs := make(chan error, 2+cfg.Producers)
 	wg.Add(2)
-	go func() { defer wg.Done(); errs <- c.Run(runCtx) }()
+	go func() { defer wg.Done(); errs <- c.Run(consumerCtx) }()
 	go func() { defer wg.Done(); errs <- relay.Run(runCtx) }()
 	stopAll := func() {
 		cancel()
@@ -173,21 +183,11 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 		keys := make([]string, 0, hi-lo)
 		accounts := make([]string, 0, hi-lo)
 		amounts := make([]int64, 0, hi-lo)
-		msgs := make([]idem.Message, 0, 2*(hi-lo))
+		msgs := make([]idem.Message, 0, hi-lo)
 		for i := lo; i < hi; i++ {
 			in := intents[i]
 			keys, accounts, amounts = append(keys, in.Key), append(accounts, in.Account), append(amounts, in.Amount)
 			msgs = append(msgs, in.message())
-		}
-		if cfg.Duplicate {
-			// The copies follow the originals, so with batches of the same size they
-			// mostly land in another consumer batch and are folded by the inbox
-			// claim, not inside one batch.
-			for i := lo; i < hi; i++ {
-				m := intents[i].message()
-				m.Headers = map[string]string{jetstream.MsgIDHeader: idem.MsgID(m.Subject, m.Key) + " copy"}
-				msgs = append(msgs, m)
-			}
 		}
 		return pgx.BeginFunc(runCtx, env.Pool, func(tx pgx.Tx) error {
 			_, err := tx.Exec(runCtx, `INSERT INTO payments (idempotency_key, account, amount_cents)
@@ -195,8 +195,18 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 			if err != nil {
 				return fmt.Errorf("insert payments: %w", err)
 			}
-			if err := outbox.EnqueueBatch(runCtx, tx, msgs); err != nil {
+			if err := env.Outbox.Enqueue(runCtx, tx, msgs...); err != nil {
 				return err
+			}
+			if cfg.Duplicate {
+				// The copies follow the originals, so with batches of the same size
+				// they mostly land in another consumer batch and are folded by the
+				// inbox claim, not inside one batch. Enqueue refuses a caller's own
+				// Msg-Id; Republish gives the copies a Msg-Id generation of their own,
+				// in one statement.
+				if err := env.Outbox.Republish(runCtx, tx, dupGeneration, msgs...); err != nil {
+					return err
+				}
 			}
 			now := since()
 			for i := lo; i < hi; i++ {
@@ -274,7 +284,7 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 		stopAll()
 		return out, err
 	}
-	if _, err := waitDrained(ctx, env, "charges", cfg.Timeout); err != nil {
+	if _, err := waitDrained(ctx, env, refapp.ChargeConsumer, cfg.Timeout); err != nil {
 		stopAll()
 		return out, err
 	}

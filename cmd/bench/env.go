@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/refapp"
 )
 
 // EnvConfig configures one scenario's environment.
@@ -46,20 +47,25 @@ type EnvConfig struct {
 	Log      *slog.Logger
 }
 
-// Env is a fresh database and a fresh embedded JetStream server with stream IDEM.
+// Env is a fresh database (idem's tables and the reference application's) and a
+// fresh embedded JetStream server with the reference application's stream.
 type Env struct {
-	cfg      EnvConfig
-	DBName   string
-	Pool     *pgxpool.Pool
-	NATS     *embeddednats.Server
-	NC       *nats.Conn
-	JS       jetstream.JetStream
-	Stream   jetstream.Stream
+	cfg    EnvConfig
+	DBName string
+	Pool   *pgxpool.Pool
+	NATS   *embeddednats.Server
+	NC     *nats.Conn
+	JS     jetstream.JetStream
+	Stream jetstream.Stream
+	// Outbox enqueues into the stream's subjects, as the reference application's
+	// ingress does.
+	Outbox   *outbox.Outbox
 	storeDir string
 	tracer   *sqlTracer
 }
 
-// NewEnv creates the database (migrated) and starts the broker. Close undoes both.
+// NewEnv creates the database (migrated: idem's tables, then the reference
+// application's) and starts the broker. Close undoes both.
 func NewEnv(ctx context.Context, cfg EnvConfig) (env *Env, err error) {
 	env = &Env{cfg: cfg}
 	defer func() {
@@ -102,7 +108,14 @@ func NewEnv(ctx context.Context, cfg EnvConfig) (env *Env, err error) {
 	if err != nil {
 		return env, fmt.Errorf("env: open pool: %w", err)
 	}
-	if _, err := migrations.Apply(ctx, env.Pool); err != nil {
+	if _, err := migrations.Apply(ctx, env.Pool, migrations.Config{}); err != nil {
+		return env, fmt.Errorf("env: %w", err)
+	}
+	if err := refapp.Migrate(ctx, env.Pool); err != nil {
+		return env, fmt.Errorf("env: %w", err)
+	}
+	env.Outbox, err = outbox.New(outbox.Config{Subjects: []string{refapp.StreamSubjects}})
+	if err != nil {
 		return env, fmt.Errorf("env: %w", err)
 	}
 
@@ -122,7 +135,10 @@ func NewEnv(ctx context.Context, cfg EnvConfig) (env *Env, err error) {
 	if err != nil {
 		return env, fmt.Errorf("env: jetstream: %w", err)
 	}
-	env.Stream, err = outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{})
+	env.Stream, err = outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{
+		Name:     refapp.StreamName,
+		Subjects: []string{refapp.StreamSubjects},
+	})
 	if err != nil {
 		return env, fmt.Errorf("env: %w", err)
 	}

@@ -5,14 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/demo"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/refapp"
 )
 
 // ConsumerConfig configures the idem-consumer scenario.
@@ -25,7 +26,7 @@ type ConsumerConfig struct {
 }
 
 // runIdemConsumer drains a pre-filled stream with consumer.Consumer and
-// demo.ChargeHandler: the timed phase runs from Run until the last ack.
+// refapp.ChargeHandler: the timed phase runs from Run until the last ack.
 func runIdemConsumer(ctx context.Context, env *Env, cfg ConsumerConfig) ([]Result, error) {
 	intents := makeIntents(cfg.N)
 	if err := prefill(ctx, env, scConsumer, intents); err != nil {
@@ -33,16 +34,17 @@ func runIdemConsumer(ctx context.Context, env *Env, cfg ConsumerConfig) ([]Resul
 	}
 	settled := newCounter(cfg.N)
 	c, err := consumer.New(env.Pool, env.JS, consumer.Config{
-		Name:         "charges",
-		Subject:      idem.SubjectCharge,
-		BatchHandler: demo.ChargeHandler{},
+		Name:         refapp.ChargeConsumer,
+		Stream:       refapp.StreamName,
+		Subject:      refapp.SubjectCharge,
+		BatchHandler: refapp.ChargeHandler{},
 		BatchSize:    cfg.BatchSize,
 		Concurrency:  cfg.Concurrency,
 		Logger:       cfg.Log,
 		// Told after the acks of each batch.
-		OnOutcome: func(_, outcome string, n int) {
-			if outcome == consumer.OutcomeProcessed || outcome == consumer.OutcomeDuplicate {
-				settled.Add(n)
+		Observer: func(e idem.Event) {
+			if e.Outcome == consumer.OutcomeProcessed || e.Outcome == consumer.OutcomeDuplicate {
+				settled.Add(e.Count)
 			}
 		},
 	})
@@ -75,7 +77,7 @@ func runIdemConsumer(ctx context.Context, env *Env, cfg ConsumerConfig) ([]Resul
 		Config: map[string]any{"batch_size": c.Config().BatchSize, "concurrency": c.Config().Concurrency,
 			"max_ack_pending": c.Config().MaxAckPending, "linger": c.Config().Linger.String()}}
 	res.setMeasurement(meas, cfg.N)
-	if _, err := waitDrained(ctx, env, "charges", 10*time.Second); err != nil {
+	if _, err := waitDrained(ctx, env, refapp.ChargeConsumer, 10*time.Second); err != nil {
 		res.Notes = append(res.Notes, err.Error())
 	}
 	l, err := verifyExactlyOnce(ctx, env, cfg.N)
@@ -97,7 +99,8 @@ type RelayBenchConfig struct {
 	Log       *slog.Logger
 }
 
-// runRelay pre-inserts N outbox rows and times outbox.Relay publishing all of them.
+// runRelay pre-inserts N outbox rows (Outbox.Enqueue, cfg.EnqueueBatch per
+// transaction) and times outbox.Relay publishing all of them.
 func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, error) {
 	intents := makeIntents(cfg.N)
 	start := time.Now()
@@ -107,7 +110,7 @@ func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, er
 		for i := lo; i < hi; i++ {
 			msgs = append(msgs, intents[i].message())
 		}
-		err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error { return outbox.EnqueueBatch(ctx, tx, msgs) })
+		err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error { return env.Outbox.Enqueue(ctx, tx, msgs...) })
 		if err != nil {
 			return nil, fmt.Errorf("%s: pre-fill outbox: %w", scRelay, err)
 		}
@@ -115,14 +118,12 @@ func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, er
 	fmt.Fprintf(os.Stderr, "[%s] outbox pre-filled with %d rows in %s\n", scRelay, cfg.N, time.Since(start).Round(time.Millisecond))
 
 	published := newCounter(cfg.N)
-	var failed int
+	var failed atomic.Int64
 	r, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
+		Stream:    refapp.StreamName,
 		BatchSize: cfg.BatchSize,
 		Logger:    cfg.Log,
-		OnBatch: func(ok, bad int, _ time.Duration) {
-			published.Add(ok)
-			failed += bad // OnBatch runs on the relay's one goroutine
-		},
+		Observer:  relayObserver(published, &failed),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", scRelay, err)
@@ -152,8 +153,8 @@ func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, er
 	res := Result{Scenario: scRelay, Row: scRelay, N: cfg.N, Messages: cfg.N,
 		Config: map[string]any{"relay_batch": cfg.BatchSize, "prefill_batch": cfg.EnqueueBatch}}
 	res.setMeasurement(meas, cfg.N)
-	if failed > 0 {
-		res.Notes = append(res.Notes, fmt.Sprintf("%d publishes failed and were retried", failed))
+	if n := failed.Load(); n > 0 {
+		res.Notes = append(res.Notes, fmt.Sprintf("%d publishes failed and were retried", n))
 	}
 
 	// Verify: every row marked published, every message in the stream once.
@@ -170,4 +171,19 @@ func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, er
 	}
 	res.Verified = fmt.Sprintf("ok: stream holds %d", info.State.Msgs)
 	return []Result{res}, nil
+}
+
+// relayObserver counts the relay's published rows into published and its failed
+// publishes (retried later) into failed, when failed is not nil.
+func relayObserver(published *counter, failed *atomic.Int64) idem.Observer {
+	return func(e idem.Event) {
+		switch e.Outcome {
+		case outbox.OutcomePublished:
+			published.Add(e.Count)
+		case outbox.OutcomeFailed:
+			if failed != nil {
+				failed.Add(int64(e.Count))
+			}
+		}
+	}
 }

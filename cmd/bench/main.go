@@ -5,17 +5,17 @@
 //
 // Each scenario runs in a child process of this same binary (so its peak RSS is its
 // own), against a fresh database (idem_bench_<random>, migrated with
-// migrations.Apply, dropped afterwards unless -keep) and a fresh embedded JetStream
-// server. Scenarios run one after another; the parent prints a table on stdout and
+// migrations.Apply and refapp.Migrate, dropped afterwards unless -keep) and a fresh
+// embedded JetStream server with the reference application's stream. Scenarios run one after another; the parent prints a table on stdout and
 // writes every number as JSON (-json). Progress goes to stderr.
 //
 // Scenarios:
 //
 //	naive              JetStream pull consumer, one autocommit INSERT per message, ack (no dedupe)
 //	handwritten-inbox  one transaction per message: inbox INSERT ... ON CONFLICT DO NOTHING, ledger row, commit, ack
-//	idem-consumer      consumer.Consumer + demo.ChargeHandler over a pre-filled stream
-//	relay              N outbox rows (outbox.EnqueueBatch) relayed to JetStream by outbox.Relay
-//	e2e                payments + outbox.EnqueueBatch -> relay -> JetStream -> idem consumer -> ledger:
+//	idem-consumer      consumer.Consumer + refapp.ChargeHandler over a pre-filled stream
+//	relay              N outbox rows (Outbox.Enqueue) relayed to JetStream by outbox.Relay
+//	e2e                payments + Outbox.Enqueue -> relay -> JetStream -> idem consumer -> ledger:
 //	                   max sustained intents/s, and latency p50/p99 at a fixed offered load
 //	e2e-dup            e2e with every message published twice and a fraction of acked batches dropped
 package main
@@ -96,7 +96,7 @@ func parseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.BatchSize, "batch", 250, "idem consumer: messages per transaction (consumer.Config.BatchSize)")
 	fs.IntVar(&o.Concurrency, "concurrency", 2, "idem consumer: batches in flight (consumer.Config.Concurrency)")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 500, "relay: rows claimed and published per transaction (outbox.RelayConfig.BatchSize)")
-	fs.IntVar(&o.EnqueueBatch, "enqueue-batch", 100, "intents per producer transaction (outbox.EnqueueBatch)")
+	fs.IntVar(&o.EnqueueBatch, "enqueue-batch", 100, "intents per producer transaction (one Outbox.Enqueue call)")
 	fs.IntVar(&o.Producers, "producers", 2, "e2e max-throughput phase: producer goroutines")
 	fs.IntVar(&o.Rate, "rate", 2000, "e2e latency phase: offered load in intents/s")
 	fs.IntVar(&o.RateBatch, "rate-batch", 100, "e2e latency phase: intents per producer transaction")

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/refapp"
 )
 
 // prefillWindow is how many publishes prefill leaves unacknowledged at most.
@@ -43,9 +44,10 @@ func makeIntents(n int) []Intent {
 }
 
 // message is the outbox message of the intent, with no extra headers: the relay
-// adds Idempotency-Key and Nats-Msg-Id.
+// adds Idempotency-Key and Nats-Msg-Id. The key carries no scope, so it is its own
+// scoped key, as the ingress would stamp it for a request without Idempotency-Scope.
 func (in Intent) message() idem.Message {
-	return idem.Message{Key: in.Key, Subject: idem.SubjectCharge, Payload: in.Payload}
+	return idem.Message{Key: in.Key, Subject: refapp.SubjectCharge, Payload: in.Payload}
 }
 
 // indexByKey maps each intent's key to its index, so the benchmark can match a
@@ -68,9 +70,9 @@ func prefill(ctx context.Context, env *Env, scenario string, intents []Intent) e
 	for lo := 0; lo < len(intents); lo += prefillWindow {
 		for i := lo; i < min(lo+prefillWindow, len(intents)); i++ {
 			in := intents[i]
-			m := nats.NewMsg(idem.SubjectCharge)
+			m := nats.NewMsg(refapp.SubjectCharge)
 			m.Header.Set(idem.HeaderKey, in.Key)
-			m.Header.Set(jetstream.MsgIDHeader, idem.MsgID(idem.SubjectCharge, in.Key))
+			m.Header.Set(jetstream.MsgIDHeader, idem.MsgID(refapp.SubjectCharge, in.Key))
 			m.Data = in.Payload
 			if _, err := env.JS.PublishMsgAsync(m); err != nil {
 				return fmt.Errorf("prefill: publish %d: %w", i, err)
@@ -175,7 +177,7 @@ func (c *counter) wait(ctx context.Context, timeout time.Duration, what string) 
 func waitDrained(ctx context.Context, env *Env, durable string, timeout time.Duration) (*jetstream.ConsumerInfo, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		c, err := env.JS.Consumer(ctx, "IDEM", durable)
+		c, err := env.JS.Consumer(ctx, refapp.StreamName, durable)
 		if err != nil {
 			return nil, fmt.Errorf("consumer %s: %w", durable, err)
 		}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,7 +22,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/client"
 )
 
 // Exit codes, part of the CLI's contract.
@@ -59,11 +60,11 @@ type options struct {
 // defaultOptions takes the environment fallbacks; flags override them.
 func defaultOptions(getenv func(string) string) options {
 	o := options{
-		api:         producer.DefaultBaseURL,
+		api:         client.DefaultBaseURL,
 		journal:     defaultJournalPath(getenv),
-		keyLifetime: producer.DefaultKeyLifetime,
-		timeout:     producer.DefaultTimeout,
-		maxAttempts: producer.DefaultMaxAttempts,
+		keyLifetime: client.DefaultKeyLifetime,
+		timeout:     client.DefaultTimeout,
+		maxAttempts: client.DefaultMaxAttempts,
 		lockWait:    30 * time.Second,
 	}
 	if v := getenv("IDEM_API"); v != "" {
@@ -105,7 +106,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.scope, "scope", o.scope, "Idempotency-Scope (tenant or principal) for new intents")
 	fs.BoolVar(&o.dropResponse, "drop-response", o.dropResponse, "fault switch: discard the first response as if the network lost it; the retry reuses the key")
 	fs.BoolVar(&o.forgetKey, "forget-key", o.forgetKey, "fault switch: drop the first response AND wipe the key before the retry, so a new key is minted (negative control: a second effect)")
-	fs.DurationVar(&o.keyLifetime, "key-lifetime", o.keyLifetime, "the server's key lifetime; older pending intents are reported expired and never re-sent")
+	fs.DurationVar(&o.keyLifetime, "key-lifetime", o.keyLifetime, "how long the client keeps re-sending a pending intent, counted from its creation, before reporting it expired (an expired intent is never re-sent); must be shorter than the server's request key lifetime (48h by default) and the consumers' inbox key lifetime (72h)")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "timeout of one attempt")
 	fs.IntVar(&o.maxAttempts, "max-attempts", o.maxAttempts, "sends per intent in this run before leaving it pending for resume")
 	fs.DurationVar(&o.lockWait, "lock-wait", o.lockWait, "how long to wait for another enqueue that holds the journal")
@@ -258,9 +259,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		logger.Warn("journal had a torn last record (a previous run died mid-write); dropped it", "bytes", n, "journal", journal.Path())
 	}
 
-	client, err := producer.NewClient(producer.ClientConfig{
-		Journal:     journal,
+	// The fault switches live in the transport, below the client (see fault.go).
+	faults := newFaultTransport(o, journal, logger)
+	var httpClient *http.Client // nil: the client's default
+	if faults != nil {
+		httpClient = &http.Client{Transport: faults}
+	}
+	c, err := client.New(client.Config{
+		Store:       journal,
 		BaseURL:     o.api,
+		HTTPClient:  httpClient,
 		Scope:       o.scope,
 		MaxAttempts: o.maxAttempts,
 		Timeout:     o.timeout,
@@ -275,18 +283,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	out := json.NewEncoder(stdout)
 	switch cmd {
 	case "charge", "email":
-		return submit(ctx, client, producer.Request{
-			Path:              path,
-			Body:              payload,
-			DropFirstResponse: o.dropResponse,
-			ForgetKey:         o.forgetKey,
-		}, out, stderr)
+		return submit(ctx, c, client.Request{Path: path, Body: payload}, faults, out, stderr)
 	case "resume":
-		return resume(ctx, client, out, stderr)
+		return resume(ctx, c, out, stderr)
 	case "prune":
 		return prune(journal, olderThan, stderr)
 	default: // list
-		return list(client, out, stderr)
+		return list(ctx, c, out, stderr)
 	}
 }
 
@@ -308,14 +311,14 @@ func (o *options) validate(cmd string) error {
 
 // openJournal opens the journal, waiting up to --lock-wait for another enqueue that
 // holds it, so two invocations at once queue rather than fail.
-func openJournal(ctx context.Context, o options) (*producer.Journal, error) {
+func openJournal(ctx context.Context, o options) (*client.Journal, error) {
 	if o.journal == "" {
 		return nil, errors.New("no journal path: set --journal or IDEM_JOURNAL (no home directory to default to)")
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.lockWait)
 	defer cancel()
-	j, err := producer.OpenContext(ctx, o.journal)
-	if errors.Is(err, producer.ErrJournalLocked) {
+	j, err := client.OpenJournalContext(ctx, o.journal)
+	if errors.Is(err, client.ErrJournalLocked) {
 		return nil, fmt.Errorf("journal %s is in use by another enqueue (waited %v; see --lock-wait): %w", o.journal, o.lockWait, err)
 	}
 	return j, err
@@ -330,7 +333,7 @@ type line struct {
 	Response   json.RawMessage `json:"response"`
 }
 
-func writeLine(out *json.Encoder, r producer.Result) error {
+func writeLine(out *json.Encoder, r client.Result) error {
 	return out.Encode(line{
 		Key:        string(r.Key),
 		Attempts:   r.Attempts,
@@ -340,9 +343,9 @@ func writeLine(out *json.Encoder, r producer.Result) error {
 	})
 }
 
-func submit(ctx context.Context, c *producer.Client, req producer.Request, out *json.Encoder, stderr io.Writer) int {
-	res, err := c.Submit(ctx, req)
-	if err != nil && !errors.Is(err, producer.ErrStillPending) {
+func submit(ctx context.Context, c *client.Client, req client.Request, faults *faultTransport, out *json.Encoder, stderr io.Writer) int {
+	res, forgotten, err := submitIntent(ctx, c, req, faults)
+	if err != nil && !errors.Is(err, client.ErrStillPending) {
 		// The intent could not be journaled (or its result recorded). If it has a
 		// key, say so: the journal may still hold it for resume.
 		fmt.Fprintf(stderr, "enqueue: %v\n", err)
@@ -350,25 +353,25 @@ func submit(ctx context.Context, c *producer.Client, req producer.Request, out *
 			return exitError
 		}
 	}
-	if res.ForgottenKey != "" {
-		fmt.Fprintf(stderr, "enqueue: --forget-key: key %s was wiped after the first send; the retry went out as a new intent with key %s\n", res.ForgottenKey, res.Key)
+	if forgotten != "" {
+		fmt.Fprintf(stderr, "enqueue: --forget-key: key %s was wiped after the first send; the retry went out as a new intent with key %s\n", forgotten, res.Key)
 	}
 	if werr := writeLine(out, res); werr != nil {
 		fmt.Fprintf(stderr, "enqueue: write output: %v\n", werr)
 		return exitError
 	}
-	if err != nil && errors.Is(err, producer.ErrStillPending) {
+	if err != nil && errors.Is(err, client.ErrStillPending) {
 		fmt.Fprintf(stderr, "enqueue: %v\nenqueue: the intent is journaled; run 'enqueue resume' to send it again with the same key\n", err)
 	}
-	if err != nil && !errors.Is(err, producer.ErrStillPending) {
+	if err != nil && !errors.Is(err, client.ErrStillPending) {
 		return exitError
 	}
-	return exitFor([]producer.Result{res})
+	return exitFor([]client.Result{res})
 }
 
-func resume(ctx context.Context, c *producer.Client, out *json.Encoder, stderr io.Writer) int {
+func resume(ctx context.Context, c *client.Client, out *json.Encoder, stderr io.Writer) int {
 	var writeErr error
-	results, err := c.Resume(ctx, func(done, total int, r producer.Result) {
+	results, err := c.Resume(ctx, func(done, total int, r client.Result) {
 		// Stream the lines as intents finish: a long resume shows its work.
 		if werr := writeLine(out, r); werr != nil && writeErr == nil {
 			writeErr = werr
@@ -383,7 +386,7 @@ func resume(ctx context.Context, c *producer.Client, out *json.Encoder, stderr i
 	}
 	var expired []string
 	for _, r := range results {
-		if r.Status == producer.IntentExpired {
+		if r.Status == client.IntentExpired {
 			expired = append(expired, string(r.Key))
 		}
 	}
@@ -398,7 +401,7 @@ func resume(ctx context.Context, c *producer.Client, out *json.Encoder, stderr i
 	// Intents left pending explain themselves in their lines; anything else (the
 	// journal failing under us) is an I/O error.
 	for _, e := range unjoin(err) {
-		if !errors.Is(e, producer.ErrStillPending) {
+		if !errors.Is(e, client.ErrStillPending) {
 			fmt.Fprintf(stderr, "enqueue resume: %v\n", e)
 			code = exitError
 		}
@@ -408,7 +411,7 @@ func resume(ctx context.Context, c *producer.Client, out *json.Encoder, stderr i
 
 // prune drops old finished intents. It prints a count on stderr and nothing on
 // stdout: there are no intents to report.
-func prune(j *producer.Journal, olderThan time.Duration, stderr io.Writer) int {
+func prune(j *client.Journal, olderThan time.Duration, stderr io.Writer) int {
 	n, err := j.Prune(time.Now().Add(-olderThan))
 	if err != nil {
 		fmt.Fprintf(stderr, "enqueue prune: %v\n", err)
@@ -418,8 +421,12 @@ func prune(j *producer.Journal, olderThan time.Duration, stderr io.Writer) int {
 	return exitDone
 }
 
-func list(c *producer.Client, out *json.Encoder, stderr io.Writer) int {
-	results := c.List()
+func list(ctx context.Context, c *client.Client, out *json.Encoder, stderr io.Writer) int {
+	results, err := c.List(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "enqueue list: %v\n", err)
+		return exitError
+	}
 	for _, r := range results {
 		if err := writeLine(out, r); err != nil {
 			fmt.Fprintf(stderr, "enqueue: write output: %v\n", err)
@@ -433,21 +440,21 @@ func list(c *producer.Client, out *json.Encoder, stderr io.Writer) int {
 }
 
 // summarize counts results per status, in a fixed order: "57 intents: 50 done, ...".
-func summarize(results []producer.Result) string {
-	counts := map[producer.IntentStatus]int{}
+func summarize(results []client.Result) string {
+	counts := map[client.IntentStatus]int{}
 	for _, r := range results {
 		counts[r.Status]++
 	}
 	parts := []string{}
-	for _, s := range []producer.IntentStatus{producer.IntentDone, producer.IntentPending, producer.IntentRejected, producer.IntentExpired} {
+	for _, s := range []client.IntentStatus{client.IntentDone, client.IntentPending, client.IntentRejected, client.IntentExpired} {
 		parts = append(parts, fmt.Sprintf("%d %s", counts[s], s))
 	}
 	return fmt.Sprintf("%d intents: %s", len(results), strings.Join(parts, ", "))
 }
 
-func exitFor(results []producer.Result) int {
+func exitFor(results []client.Result) int {
 	for _, r := range results {
-		if r.Status != producer.IntentDone {
+		if r.Status != client.IntentDone {
 			return exitIncomplete
 		}
 	}

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/client"
 )
 
 // fakeIngress stands in for cmd/worker's HTTP ingress: first request per (scope,
@@ -34,6 +34,7 @@ type fakeIngress struct {
 	stored   map[string][]byte
 	executed []execution
 	requests int
+	keys     []string // Idempotency-Key of every request, in order
 }
 
 type execution struct {
@@ -48,6 +49,7 @@ func newFakeIngress(t *testing.T) *fakeIngress {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.requests++
+		f.keys = append(f.keys, r.Header.Get(idem.HeaderKey))
 		w.Header().Set("Content-Type", "application/json")
 		switch {
 		case f.down.Load():
@@ -82,6 +84,12 @@ func (f *fakeIngress) executions() []execution {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.executed)
+}
+
+func (f *fakeIngress) sentKeys() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.keys)
 }
 
 // runResult is what one invocation of the CLI produced.
@@ -262,18 +270,18 @@ func TestRejected(t *testing.T) {
 func TestResumeManyWithExpired(t *testing.T) {
 	f := newFakeIngress(t)
 	env := testEnv(t, f)
-	j, err := producer.Open(env["IDEM_JOURNAL"])
+	j, err := client.OpenJournal(env["IDEM_JOURNAL"])
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := idem.NewKey()
-	intents := []producer.Intent{{Key: old, Method: "POST", Path: "/v1/payments", Payload: []byte(`{"account":"old","amount_cents":1}`), CreatedAt: time.Now().Add(-48 * time.Hour)}}
+	intents := []client.Intent{{Key: old, Method: "POST", Path: "/v1/payments", Payload: []byte(`{"account":"old","amount_cents":1}`), CreatedAt: time.Now().Add(-48 * time.Hour)}}
 	for i := range 24 {
-		intents = append(intents, producer.Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments",
+		intents = append(intents, client.Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments",
 			Payload: fmt.Appendf(nil, `{"account":"a%d","amount_cents":1}`, i)})
 	}
 	for _, in := range intents {
-		if err := j.Append(in); err != nil {
+		if err := j.Append(t.Context(), in); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -311,12 +319,12 @@ func TestPrune(t *testing.T) {
 			t.Fatalf("charge: exit %d, stderr %s", r.code, r.stderr)
 		}
 	}
-	j, err := producer.Open(env["IDEM_JOURNAL"])
+	j, err := client.OpenJournal(env["IDEM_JOURNAL"])
 	if err != nil {
 		t.Fatal(err)
 	}
-	pending := producer.Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments", Payload: []byte(`{"account":"p","amount_cents":1}`)}
-	if err := j.Append(pending); err != nil {
+	pending := client.Intent{Key: idem.NewKey(), Method: "POST", Path: "/v1/payments", Payload: []byte(`{"account":"p","amount_cents":1}`)}
+	if err := j.Append(t.Context(), pending); err != nil {
 		t.Fatal(err)
 	}
 	if err := j.Close(); err != nil {
@@ -374,7 +382,7 @@ func TestUsageErrors(t *testing.T) {
 func TestJournalInUse(t *testing.T) {
 	f := newFakeIngress(t)
 	env := testEnv(t, f)
-	j, err := producer.Open(env["IDEM_JOURNAL"])
+	j, err := client.OpenJournal(env["IDEM_JOURNAL"])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,12 +412,12 @@ func TestDefaultJournalPath(t *testing.T) {
 	if r.code != exitDone {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
-	j, err := producer.Open(filepath.Join(state, "idem", "enqueue.journal"))
+	j, err := client.OpenJournal(filepath.Join(state, "idem", "enqueue.journal"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	if len(j.All()) != 1 {
-		t.Fatalf("default journal holds %d intents, want 1", len(j.All()))
+	if all, err := j.All(t.Context()); err != nil || len(all) != 1 {
+		t.Fatalf("default journal holds %d intents (%v), want 1", len(all), err)
 	}
 }

@@ -13,14 +13,17 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/opsquery"
 	"github.com/idemkit/idem/internal/pgembed"
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/ops"
+	"github.com/idemkit/idem/refapp"
 )
 
 // opsTimeout bounds an operator command: it reads, and should never hang a shell.
@@ -29,8 +32,13 @@ const opsTimeout = 60 * time.Second
 const inspectUsage = `usage: worker inspect [flags] KEY
 
 Prints the whole life of one idempotency key: the HTTP request record, the outbox
-messages, each consumer's inbox claim, dead letters, and the demo's business rows.
-KEY is the key the client sent; give its tenant with --scope. Flags may follow KEY.
+messages, each consumer's inbox claim, dead letters, and the reference
+application's rows (payments, emails, ledger_entries). KEY is the key the client
+sent; give its tenant with --scope, or paste a scoped key as logged past the
+ingress. Flags may follow KEY.
+
+Exit status: 0 when the key is known; 1 when nothing is known about it (the report
+is still printed, naming other scopes that know the key) or on an error.
 
 flags:
 `
@@ -50,19 +58,23 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 	if len(rest) != 1 {
 		return fmt.Errorf("inspect: want exactly one KEY, got %d arguments (see worker inspect -h)", len(rest))
 	}
-	key := rest[0]
-	if s, k := idem.SplitScopedKey(key); s != "" {
-		// A scoped key pasted from a log or from the outbox: split it back.
-		if scope != "" && scope != s {
-			return fmt.Errorf("inspect: KEY is scoped to %q but --scope says %q", s, scope)
-		}
-		scope, key = s, string(k)
-	}
-	if _, err := idem.ParseKey(key); err != nil {
+	// A scoped key pasted from a log or from the outbox is split back into scope
+	// and key; a bare key parses as itself, with no scope.
+	keyScope, key, err := idem.ParseScopedKey(rest[0])
+	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
+	}
+	if keyScope != "" {
+		if scope != "" && scope != keyScope {
+			return fmt.Errorf("inspect: KEY is scoped to %q but --scope says %q", keyScope, scope)
+		}
+		scope = keyScope
 	}
 	if err := idem.ValidateScope(scope); err != nil {
 		return fmt.Errorf("inspect: --scope: %w", err)
+	}
+	if err := pgschema.Validate(o.schema); err != nil {
+		return fmt.Errorf("inspect: --schema: %w", err)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
@@ -72,17 +84,36 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	rep, err := opsquery.Inspect(ctx, pool, scope, key)
+	r, err := ops.New(pool, ops.Config{Schema: o.schema, Effects: refapp.InspectEffects})
+	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	rep, err := r.Inspect(ctx, scope, key)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(rep)
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		writeKeyReport(stdout, rep)
 	}
-	writeKeyReport(stdout, rep)
+	if !rep.Known {
+		// A script asking "did this intent arrive?" reads the exit status.
+		return fmt.Errorf("inspect: nothing is known about key %q (%s)", rep.Key, scopeName(rep.Scope))
+	}
 	return nil
+}
+
+// scopeName describes a scope in messages.
+func scopeName(scope string) string {
+	if scope == "" {
+		return "no scope"
+	}
+	return fmt.Sprintf("scope %q", scope)
 }
 
 // parseOps parses an operator command's flags: the shared ones, plus those extra
@@ -149,7 +180,7 @@ func databaseURLExplicit(fs *flag.FlagSet) bool {
 
 // writeKeyReport prints rep for a person: one section per hop of the intent's
 // path, times with their age, and what deserves attention at the end.
-func writeKeyReport(w io.Writer, rep *opsquery.KeyReport) {
+func writeKeyReport(w io.Writer, rep *ops.KeyReport) {
 	p := &printer{w: w, now: rep.AsOf}
 	scope := "no scope"
 	if rep.Scope != "" {
@@ -160,7 +191,7 @@ func writeKeyReport(w io.Writer, rep *opsquery.KeyReport) {
 
 	if !rep.Known {
 		p.line(0, "")
-		p.line(0, "Nothing is known about this key: no request record, outbox message, inbox claim, dead letter or business row.")
+		p.line(0, "Nothing is known about this key: no request record, outbox message, inbox claim, dead letter or application row.")
 		if len(rep.OtherScopes) > 0 {
 			var names []string
 			for _, s := range rep.OtherScopes {
@@ -238,21 +269,11 @@ func writeKeyReport(w io.Writer, rep *opsquery.KeyReport) {
 		p.field("created", p.time(d.CreatedAt))
 	}
 
-	p.section("business rows")
-	if len(rep.Payments)+len(rep.Emails)+len(rep.Ledger) == 0 {
-		p.line(1, "none")
-	}
-	for _, r := range rep.Payments {
-		p.line(1, "payments        #%d %s %d cents, %s", r.ID, r.Account, r.AmountCents, p.time(r.CreatedAt))
-	}
-	for _, r := range rep.Ledger {
-		p.line(1, "ledger_entries  #%d %s %d cents, %s", r.ID, r.Account, r.AmountCents, p.time(r.CreatedAt))
-	}
-	for _, r := range rep.Emails {
-		p.line(1, "emails          #%d to %s %q, %s", r.ID, r.Recipient, r.Subject, p.time(r.CreatedAt))
-	}
+	p.section("application rows")
+	writeEffectRows(p, rep.Effects.Tables)
 
-	if notes := attention(rep); len(notes) > 0 {
+	// idem's own notes first, then the application's (its double effects).
+	if notes := append(attention(rep), rep.Effects.Attention...); len(notes) > 0 {
 		p.section("attention")
 		for _, n := range notes {
 			p.line(1, "! %s", n)
@@ -260,16 +281,49 @@ func writeKeyReport(w io.Writer, rep *opsquery.KeyReport) {
 	}
 }
 
-// attention lists what an operator should look at: anything that is not the
-// quiet end state of an intent (one effect, everything published and claimed).
-func attention(rep *opsquery.KeyReport) []string {
+// writeEffectRows prints the application's rows, one line per row: the table's
+// name, then column=value for each column.
+func writeEffectRows(p *printer, tables []ops.EffectTable) {
+	width := 0
+	for _, t := range tables {
+		if len(t.Rows) > 0 {
+			width = max(width, len(t.Name))
+		}
+	}
+	if width == 0 {
+		p.line(1, "none")
+		return
+	}
+	for _, t := range tables {
+		for _, row := range t.Rows {
+			cells := make([]string, len(row))
+			for i, v := range row {
+				name := fmt.Sprintf("col%d", i+1)
+				if i < len(t.Columns) {
+					name = t.Columns[i]
+				}
+				cells[i] = name + "=" + cellValue(v)
+			}
+			p.line(1, "%-*s  %s", width, t.Name, strings.Join(cells, " "))
+		}
+	}
+}
+
+// cellValue shows one value on a line of column=value pairs: bare when it is one
+// plain word, quoted otherwise, so the pairs stay apart.
+func cellValue(v string) string {
+	v = clip(v)
+	if v == "" || strings.ContainsAny(v, " \t\"=") || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return strconv.Quote(v)
+	}
+	return v
+}
+
+// attention lists what an operator should look at in idem's rows: anything that is
+// not the quiet end state of an intent (everything published and claimed). The
+// application adds its own notes (refapp.InspectEffects: double effects).
+func attention(rep *ops.KeyReport) []string {
 	var notes []string
-	if n := len(rep.Ledger); n > 1 {
-		notes = append(notes, fmt.Sprintf("DOUBLE EFFECT: %d ledger entries for one key", n))
-	}
-	if n := len(rep.Payments); n > 1 {
-		notes = append(notes, fmt.Sprintf("%d payments rows for one key (the ingress should have replayed)", n))
-	}
 	if q := rep.Request; q != nil && q.Status != "done" {
 		notes = append(notes, "the request has not finished: still running, or its worker died and a retry will take the key over")
 	}

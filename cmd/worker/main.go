@@ -1,43 +1,38 @@
-// Command worker is the idem service: the HTTP ingress of the demo API, the outbox
-// relay and the consumers, plus operator subcommands.
+// Command worker runs idem's reference application (package refapp): the HTTP
+// ingress of its charge and email API, the outbox relay and the consumers, over
+// package worker; plus operator subcommands.
 //
-//	worker [flags]                      run the service
-//	worker migrate [flags]              apply the schema and exit
-//	worker dead-letters list [flags]    list dead letters
-//	worker dead-letters replay ID       re-publish one dead letter with its key
+//	worker [flags]                              run the service
+//	worker migrate [--print] [flags]            apply the schema (or print its SQL) and exit
+//	worker dead-letters list [flags]            list dead letters
+//	worker dead-letters replay [flags] ID       put dead letter ID back on its way
+//	worker inspect [--scope S] [flags] KEY      one key's whole life
+//	worker stats [--json] [flags]               counts and lags
+//	worker healthcheck [flags]                  exit 0 if the worker at --http-addr is ready
 //
-// Every flag has an environment fallback (DATABASE_URL, NATS_URL, IDEM_HTTP_ADDR,
-// IDEM_DATA_DIR, IDEM_SMTP_ADDR). With NATS_URL empty the worker starts an embedded
-// JetStream server whose store lives under --data-dir.
+// Every flag has an environment fallback (see worker -h). With NATS_URL empty the
+// worker starts an embedded JetStream server whose store lives under --data-dir;
+// with no database named at all and none answering at the default URL, it starts a
+// private Postgres from the machine's binaries there too.
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/service"
-	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/internal/runenv"
+	"github.com/idemkit/idem/refapp"
 )
 
 func main() {
@@ -51,12 +46,14 @@ type options struct {
 	httpAddr        string
 	dataDir         string
 	smtpAddr        string
+	schema          string
 	logFormat       string
 	logLevel        string
 	shutdownTimeout time.Duration
 	roles           string
 	trace           string
 	ackWait         time.Duration
+	noMigrate       bool
 }
 
 func env(name, def string) string {
@@ -70,16 +67,18 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	o := &options{}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", service.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
+	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", runenv.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URL; empty starts an embedded JetStream server (env NATS_URL)")
 	fs.StringVar(&o.httpAddr, "http-addr", env("IDEM_HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env IDEM_HTTP_ADDR)")
-	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", "idem-data"), "directory for the embedded JetStream store (env IDEM_DATA_DIR)")
-	fs.StringVar(&o.smtpAddr, "smtp-addr", env("IDEM_SMTP_ADDR", ""), "SMTP server host:port for the email consumer (env IDEM_SMTP_ADDR)")
-	fs.StringVar(&o.logFormat, "log-format", env("IDEM_LOG_FORMAT", "text"), "log format: text or json")
-	fs.StringVar(&o.logLevel, "log-level", env("IDEM_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", "idem-data"), "directory for the embedded JetStream store and the private Postgres (env IDEM_DATA_DIR)")
+	fs.StringVar(&o.smtpAddr, "smtp-addr", env("IDEM_SMTP_ADDR", ""), "SMTP server host:port for the email consumer; empty runs none (env IDEM_SMTP_ADDR)")
+	fs.StringVar(&o.schema, "schema", env("IDEM_SCHEMA", ""), "Postgres schema of the idem_* tables; empty is public (env IDEM_SCHEMA)")
+	fs.StringVar(&o.logFormat, "log-format", env("IDEM_LOG_FORMAT", "text"), "log format: text or json (env IDEM_LOG_FORMAT)")
+	fs.StringVar(&o.logLevel, "log-level", env("IDEM_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env IDEM_LOG_LEVEL)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight work may take to finish after SIGTERM")
-	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: empty for none (trace context is still propagated), or stderr")
-	fs.StringVar(&o.roles, "roles", env("IDEM_ROLES", "all"), "components to run: all, or a comma list of ingress,relay,consumers")
+	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: empty for none (trace context is still propagated), or stderr (env IDEM_TRACE)")
+	fs.StringVar(&o.roles, "roles", env("IDEM_ROLES", "all"), "components to run: all, or a comma list of ingress,relay,consumers (env IDEM_ROLES)")
+	fs.BoolVar(&o.noMigrate, "no-migrate", env("IDEM_NO_MIGRATE", "") != "", "do not apply migrations at start; run `worker migrate` (or its --print SQL) yourself (env IDEM_NO_MIGRATE)")
 	fs.Func("ack-wait", "how long JetStream waits for a consumer's ack before redelivering (env IDEM_ACK_WAIT; default 30s)", func(v string) (err error) {
 		o.ackWait, err = parseAckWait(v)
 		return err
@@ -113,13 +112,13 @@ func (o *options) logger(w io.Writer) (*slog.Logger, error) {
 
 const usage = `usage:
   worker [flags]                       run the service (ingress, relay, consumers)
-  worker migrate [flags]               apply the schema and exit
+  worker migrate [--print] [flags]     apply the schema and exit (--print: write its SQL instead)
   worker inspect [--scope S] KEY       print everything known about one key
   worker stats [--json]                counts and lags (outbox backlog, inbox, dead letters)
   worker healthcheck [flags]           exit 0 if the worker at --http-addr is ready
   worker dead-letters list [flags]     list dead letters (newest first)
   worker dead-letters replay [flags] ID
-                                       re-publish dead letter ID with its original key
+                                       put dead letter ID back on its way with its original key
 
 flags:
 `
@@ -161,26 +160,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func parse(name string, args []string, stderr io.Writer) (*options, []string, error) {
+func parse(name string, args []string, stderr io.Writer) (*options, *flag.FlagSet, []string, error) {
 	fs, o := newFlagSet(name, stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return o, fs.Args(), nil
+	return o, fs, fs.Args(), nil
 }
 
 func runService(args []string, stderr io.Writer) error {
-	fs, o := newFlagSet("worker", stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
+	o, fs, rest, err := parse("worker", args, stderr)
+	if err != nil {
 		return err
 	}
-	rest := fs.Args()
-	// With no database named at all, a fresh machine gets a private Postgres when
-	// none answers at the default URL.
-	explicitDB := os.Getenv("DATABASE_URL") != ""
-	fs.Visit(func(f *flag.Flag) { explicitDB = explicitDB || f.Name == "database-url" })
 	if len(rest) > 0 {
 		return fmt.Errorf("unexpected arguments %q", rest)
 	}
@@ -188,19 +181,16 @@ func runService(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fset, err := faults.FromEnv()
+	faults, err := faultsFromEnv()
 	if err != nil {
 		return err
 	}
-	cfg := service.Config{
-		PrivatePostgres: !explicitDB,
-		DatabaseURL:     o.databaseURL,
-		NATSURL:         o.natsURL,
-		DataDir:         o.dataDir,
-		HTTPAddr:        o.httpAddr,
-		SMTPAddr:        o.smtpAddr,
-		Faults:          fset,
-		Logger:          log,
+	cfg := refapp.Config{
+		HTTPAddr:  o.httpAddr,
+		Email:     refapp.EmailConfig{Addr: o.smtpAddr},
+		Schema:    o.schema,
+		NoMigrate: o.noMigrate,
+		Logger:    log,
 	}
 	if err := applyRoles(&cfg, o.roles); err != nil {
 		return err
@@ -213,7 +203,7 @@ func runService(args []string, stderr io.Writer) error {
 	}
 	// Zero keeps the consumers' default. The lifetime check at start counts it in
 	// each consumer's redelivery horizon.
-	cfg.ChargeConsumer.AckWait, cfg.EmailConsumer.AckWait = ackWait, ackWait
+	cfg.Charges.AckWait, cfg.Emails.AckWait = ackWait, ackWait
 	switch o.trace {
 	case "":
 	case "stderr":
@@ -230,30 +220,49 @@ func runService(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	svc, err := service.Start(ctx, cfg)
+	ctx = withFaults(ctx, faults, log)
+	e, err := runenv.Open(ctx, runenv.Config{
+		DatabaseURL:     o.databaseURL,
+		PrivatePostgres: !databaseURLExplicit(fs),
+		NATSURL:         o.natsURL,
+		DataDir:         o.dataDir,
+		Logger:          log,
+	})
 	if err != nil {
 		return err
 	}
-	log.Info("worker ready", "http", svc.HTTPAddr(), "nats", svc.NATSURL())
+	defer e.Close(context.Background()) //nolint:errcheck
+	log.Info("connected", "database", runenv.Redact(e.DatabaseURL), "nats", e.NATSURL)
+	svc, err := refapp.Start(ctx, e.Pool, e.NC, cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("worker ready", "http", svc.Addr())
 
+	var failure error
 	select {
 	case <-ctx.Done():
-	case err := <-svc.Errors():
-		log.Error("component failed; shutting down", "err", err)
+	case failure = <-svc.Failed():
+		log.Error("component failed; shutting down", "err", failure)
 	}
 	stop() // a second signal now gets Go's default behaviour: exit at once
 
 	log.Info("shutting down: stop fetching, finish in-flight batches", "timeout", o.shutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
-	if err := svc.Shutdown(sctx); err != nil {
-		return err
+	serr := svc.Shutdown(sctx)
+	if failure != nil {
+		// Exit non-zero, so that a supervisor restarts a worker that lost a part.
+		return failure
+	}
+	if serr != nil {
+		return serr
 	}
 	log.Info("worker stopped")
 	return nil
 }
 
-func applyRoles(cfg *service.Config, roles string) error {
+func applyRoles(cfg *refapp.Config, roles string) error {
 	if roles == "all" || roles == "" {
 		return nil
 	}
@@ -285,124 +294,4 @@ func splitComma(s string) []string {
 		}
 	}
 	return out
-}
-
-func openPool(ctx context.Context, o *options) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, o.databaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("database: %w", err)
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("database: no Postgres answers: %w", err)
-	}
-	return pool, nil
-}
-
-func runMigrate(args []string, stdout, stderr io.Writer) error {
-	o, _, err := parse("worker migrate", args, stderr)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	pool, err := openPool(ctx, o)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	applied, err := migrations.Apply(ctx, pool)
-	if err != nil {
-		return err
-	}
-	if len(applied) == 0 {
-		fmt.Fprintln(stdout, "schema is up to date")
-	}
-	for _, a := range applied {
-		fmt.Fprintln(stdout, "applied", a)
-	}
-	return nil
-}
-
-func runDeadLetters(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		return errors.New("dead-letters: want list or replay ID")
-	}
-	sub, args := args[0], args[1:]
-	o, rest, err := parse("worker dead-letters "+sub, args, stderr)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	pool, err := openPool(ctx, o)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	switch sub {
-	case "list":
-		dls, err := consumer.ListDeadLetters(ctx, pool, 1000)
-		if err != nil {
-			return err
-		}
-		enc := json.NewEncoder(stdout)
-		for _, dl := range dls {
-			if err := enc.Encode(dl); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(stderr, "%d dead letters\n", len(dls))
-		return nil
-	case "replay":
-		if len(rest) != 1 {
-			return errors.New("dead-letters replay: want exactly one ID")
-		}
-		id, err := strconv.ParseInt(rest[0], 10, 64)
-		if err != nil {
-			return fmt.Errorf("dead-letters replay: bad ID %q", rest[0])
-		}
-		if o.natsURL == "" {
-			// The embedded server records its URL in the data dir while it runs.
-			b, err := os.ReadFile(filepath.Join(o.dataDir, service.NATSURLFile))
-			if err != nil {
-				return fmt.Errorf("dead-letters replay: no --nats-url and no running embedded server under --data-dir %s: %w", o.dataDir, err)
-			}
-			o.natsURL = strings.TrimSpace(string(b))
-		}
-		nc, err := nats.Connect(o.natsURL)
-		if err != nil {
-			return fmt.Errorf("dead-letters replay: connect to NATS: %w", err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		dl, err := consumer.ReplayDeadLetter(ctx, pool, js, id)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "replayed dead letter %d (key %q, subject %s)\n", dl.ID, dl.Key, dl.Subject)
-		return nil
-	}
-	return fmt.Errorf("dead-letters: unknown subcommand %q (want list or replay)", sub)
-}
-
-// runHealthcheck asks a running worker's /readyz; for container health checks,
-// where the image has no curl.
-func runHealthcheck(args []string, stderr io.Writer) error {
-	o, _, err := parse("worker healthcheck", args, stderr)
-	if err != nil {
-		return err
-	}
-	client := &http.Client{Timeout: 3 * time.Second}
-	resp, err := client.Get("http://" + o.httpAddr + "/readyz")
-	if err != nil {
-		return fmt.Errorf("healthcheck: %w", err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("healthcheck: %s: %s", resp.Status, strings.TrimSpace(string(body)))
-	}
-	return nil
 }

@@ -20,10 +20,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/service"
+	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/refapp"
 )
 
 func TestUsageAndBadFlags(t *testing.T) {
@@ -40,6 +42,8 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{[]string{"dead-letters"}, 1, "want list or replay"},
 		{[]string{"--ack-wait", "soon"}, 1, "want a positive duration"},
 		{[]string{"--ack-wait", "-5s"}, 1, "want a positive duration"},
+		{[]string{"migrate", "--schema", "Bad-Name"}, 1, "lower-case identifier"},
+		{[]string{"dead-letters", "replay"}, 1, "want exactly one ID"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
@@ -74,12 +78,20 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	}
 	const n = 5000
 	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	if err := refapp.Migrate(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		msgs := make([]idem.Message, n)
 		for i := range msgs {
-			msgs[i] = idem.Message{Key: fmt.Sprintf("term-%05d", i), Subject: idem.SubjectCharge, Payload: testenv.ChargePayload("acct_term", i+1)}
+			msgs[i] = idem.Message{Key: fmt.Sprintf("term-%05d", i), Subject: refapp.SubjectCharge,
+				Payload: fmt.Appendf(nil, `{"account":"acct_term","amount_cents":%d}`, i+1)}
 		}
-		return outbox.EnqueueBatch(ctx, tx, msgs)
+		return ob.Enqueue(ctx, tx, msgs...)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +124,9 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 		t.Fatalf("no clean stop in the logs:\n%s", logs.String())
 	}
 	midway := db.Count(t, `SELECT count(*) FROM ledger_entries`)
+	if midway == 0 || midway >= n {
+		t.Fatalf("ledger rows at SIGTERM: %d of %d; the signal did not land mid-stream, so this run proves nothing", midway, n)
+	}
 	t.Logf("ledger rows at SIGTERM: %d of %d", midway, n)
 
 	second, logs2 := start("--ack-wait", "7s")
@@ -120,7 +135,7 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	})
 	// --ack-wait reached the durable consumer (the embedded server's URL is in the
 	// data dir while the worker runs).
-	url, err := os.ReadFile(filepath.Join(dataDir, service.NATSURLFile))
+	url, err := os.ReadFile(filepath.Join(dataDir, runenv.NATSURLFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +145,7 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	jc, err := js.Consumer(ctx, idem.StreamName, service.ChargeConsumerName)
+	jc, err := js.Consumer(ctx, refapp.StreamName, refapp.ChargeConsumer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,4 +167,42 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 		t.Fatalf("distinct keys = %d, want %d", got, n)
 	}
 	_ = os.Remove(bin)
+}
+
+// The shipped binary cannot arm fault points: IDEM_FAULTS (which could switch the
+// inbox claim off) is refused before anything connects.
+func TestShippedWorkerRefusesFaultPoints(t *testing.T) {
+	t.Setenv(faults.EnvVar, string(faults.SkipInboxClaim)+"=on")
+	var out, errb bytes.Buffer
+	code := run([]string{"--database-url", "postgres://nobody@127.0.0.1:1/none", "--data-dir", t.TempDir()}, &out, &errb)
+	if code == 0 || !strings.Contains(errb.String(), "built without fault injection") {
+		t.Fatalf("run with %s set = %d, %q; want a refusal", faults.EnvVar, code, errb.String())
+	}
+}
+
+// migrate --print writes the SQL of both schemas without connecting; a schema option
+// places idem's tables.
+func TestMigratePrint(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	if code := run([]string{"migrate", "--print", "--schema", "billing", "--database-url", "postgres://nobody@127.0.0.1:1/none"}, &out, &errb); code != 0 {
+		t.Fatalf("migrate --print = %d: %s", code, errb.String())
+	}
+	for _, want := range []string{`CREATE SCHEMA IF NOT EXISTS "billing"`, "CREATE TABLE IF NOT EXISTS idem_outbox", "CREATE TABLE IF NOT EXISTS ledger_entries"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("migrate --print lacks %q", want)
+		}
+	}
+}
+
+// --no-migrate on a database nobody migrated is a clear error at start, naming the
+// way out, not failed statements later.
+func TestNoMigrateOnAnEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	var out, errb bytes.Buffer
+	code := run([]string{"--no-migrate", "--database-url", db.URL, "--data-dir", t.TempDir(), "--http-addr", freeAddr(t)}, &out, &errb)
+	if code == 0 || !strings.Contains(errb.String(), "worker migrate") {
+		t.Fatalf("run --no-migrate on an empty database = %d, %q; want an error naming `worker migrate`", code, errb.String())
+	}
 }

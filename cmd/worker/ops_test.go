@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -18,22 +19,40 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/opsquery"
 	"github.com/idemkit/idem/internal/pgembed"
+	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/service"
+	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/ops"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/refapp"
 )
 
-// seedKey writes one intent's rows as the ingress, relay and consumer would: the
-// request and the payment under scope and bare key, the outbox, inbox and ledger
-// under the scoped key. Its email message is still unpublished.
-func seedKey(t *testing.T, db *pgtest.DB, scope, key string) {
+// opsDB is a test database with idem's tables in schema and the reference
+// application's tables.
+func opsDB(t *testing.T, schema string) *pgtest.DB {
+	t.Helper()
+	db := pgtest.NewWith(t, pgtest.Options{Schema: schema})
+	if err := refapp.Migrate(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// seedKey writes one intent's rows as the ingress, relay and consumer would, with
+// idem's tables in schema: the request and the payment under scope and bare key,
+// the outbox, inbox and ledger under the scoped key. Its email message is still
+// unpublished.
+func seedKey(t *testing.T, db *pgtest.DB, schema, scope, key string) {
 	t.Helper()
 	ctx := context.Background()
 	scoped := idem.ScopedKey(scope, idem.Key(key))
-	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	ob, err := outbox.New(outbox.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		stmts := []struct {
 			sql  string
 			args []any
@@ -42,25 +61,25 @@ func seedKey(t *testing.T, db *pgtest.DB, scope, key string) {
 			  VALUES ($1, $2, '\x0102030405060708090a', 'POST', '/v1/payments', 'done', 202, '{"status":"accepted"}', now() + interval '1 day')`, []any{scope, key}},
 			{`INSERT INTO payments (scope, idempotency_key, account, amount_cents) VALUES ($1, $2, 'acct_ops', 1250)`, []any{scope, key}},
 			{`INSERT INTO idem_inbox (consumer, key, fingerprint, status, completed_at, expires_at)
-			  VALUES ('charges', $1, '\x00', 'done', now(), now() + interval '1 day')`, []any{scoped}},
+			  VALUES ($2, $1, '\x00', 'done', now(), now() + interval '1 day')`, []any{scoped, refapp.ChargeConsumer}},
 			{`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_ops', 1250)`, []any{scoped}},
 			{`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries)
-			  VALUES ('charges', $1, $2, '{}', 'fingerprint mismatch: test', 1)`, []any{scoped, idem.SubjectCharge}},
+			  VALUES ($3, $1, $2, '{}', 'fingerprint mismatch: test', 1)`, []any{scoped, refapp.SubjectCharge, refapp.ChargeConsumer}},
 		}
 		for _, s := range stmts {
-			if _, err := tx.Exec(ctx, s.sql, s.args...); err != nil {
+			if _, err := tx.Exec(ctx, pgschema.Qualify(schema, s.sql), s.args...); err != nil {
 				return err
 			}
 		}
-		return outbox.EnqueueBatch(ctx, tx, []idem.Message{
-			{Key: scoped, Subject: idem.SubjectCharge, Payload: []byte(`{"account":"acct_ops","amount_cents":1250}`)},
-			{Key: scoped, Subject: idem.SubjectEmail, Payload: []byte(`{"to":"a@example.com"}`)},
-		})
+		return ob.Enqueue(ctx, tx,
+			idem.Message{Key: scoped, Subject: refapp.SubjectCharge, Payload: []byte(`{"account":"acct_ops","amount_cents":1250}`)},
+			idem.Message{Key: scoped, Subject: refapp.SubjectEmail, Payload: []byte(`{"to":"a@example.com"}`)},
+		)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, `UPDATE idem_outbox SET published_at = now(), attempts = 1 WHERE key = $1 AND subject = $2`, scoped, idem.SubjectCharge); err != nil {
+	if _, err := db.Pool.Exec(ctx, pgschema.Qualify(schema, `UPDATE idem_outbox SET published_at = now(), attempts = 1 WHERE key = $1 AND subject = $2`), scoped, refapp.SubjectCharge); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -82,11 +101,31 @@ func mustContain(t *testing.T, what, text string, wants ...string) {
 	}
 }
 
+// effectRows returns the rows of the application table name in rep.
+func effectRows(rep ops.KeyReport, name string) [][]string {
+	for _, t := range rep.Effects.Tables {
+		if t.Name == name {
+			return t.Rows
+		}
+	}
+	return nil
+}
+
+// count returns the application total name in st.
+func count(st *ops.Stats, name string) int64 {
+	for _, c := range st.Counts {
+		if c.Name == name {
+			return c.N
+		}
+	}
+	return -1
+}
+
 func TestInspectPrintsAKeysWholeLife(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	seedKey(t, db, "tenant-a", "k-ops")
-	seedKey(t, db, "tenant-b", "k-ops") // the same bare key in another scope is another intent
+	db := opsDB(t, "")
+	seedKey(t, db, "", "tenant-a", "k-ops")
+	seedKey(t, db, "", "tenant-b", "k-ops") // the same bare key in another scope is another intent
 
 	// Flags may follow the key.
 	out, errs, code := worker(t, "inspect", "k-ops", "--scope", "tenant-a", "--database-url", db.URL)
@@ -99,21 +138,24 @@ func TestInspectPrintsAKeysWholeLife(t *testing.T) {
 		"outbox (2 messages)", "idem.payments.charge: published", "idem.emails.send: PENDING, not yet published",
 		"inbox (1 consumer)", "charges: done",
 		"dead letters (1)", "fingerprint mismatch: test",
-		"payments        #", "ledger_entries  #", "acct_ops 1250 cents",
+		"application rows", "payments        id=", "ledger_entries  id=", "account=acct_ops amount_cents=1250 created_at=",
 		"attention", "waits to be published", "worker dead-letters replay")
-	if strings.Contains(out, "DOUBLE EFFECT") {
-		t.Errorf("one ledger row reported as a double effect:\n%s", out)
+	if strings.Contains(out, "DOUBLE EFFECT") || strings.Count(out, "account=acct_ops") != 2 {
+		t.Errorf("want one payment and one ledger row, no double effect:\n%s", out)
 	}
 
 	// A scoped key pasted from a log needs no --scope.
-	out, _, _ = worker(t, "inspect", "--database-url", db.URL, "tenant-a\x1fk-ops")
+	out, errs, code = worker(t, "inspect", "--database-url", db.URL, "tenant-a\x1fk-ops")
+	if code != 0 {
+		t.Fatalf("scoped key: exit %d: %s", code, errs)
+	}
 	mustContain(t, "inspect of a scoped key", out, `key "k-ops" (scope "tenant-a"`, "charges: done")
 }
 
 func TestInspectFlagsADoubleEffect(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	seedKey(t, db, "", "k-twice")
+	db := opsDB(t, "")
+	seedKey(t, db, "", "", "k-twice")
 	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ('k-twice', 'acct_ops', 1250)`); err != nil {
 		t.Fatal(err)
 	}
@@ -121,44 +163,58 @@ func TestInspectFlagsADoubleEffect(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	mustContain(t, "inspect", out, `key "k-twice" (no scope)`, "DOUBLE EFFECT: 2 ledger entries for one key")
+	mustContain(t, "inspect", out, `key "k-twice" (no scope)`, "! DOUBLE EFFECT: 2 ledger entries for one key")
+	// idem's notes come first, the application's after them.
+	if i, j := strings.Index(out, "waits to be published"), strings.Index(out, "DOUBLE EFFECT"); i < 0 || j < i {
+		t.Errorf("attention order:\n%s", out)
+	}
 }
 
 func TestInspectUnknownKey(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	seedKey(t, db, "tenant-a", "k-ops")
+	db := opsDB(t, "")
+	seedKey(t, db, "", "tenant-a", "k-ops")
 
+	// Unknown is a failure a script can test for; the report still says why.
 	out, errs, code := worker(t, "inspect", "k-ops", "--database-url", db.URL)
-	if code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
+	if code != 1 {
+		t.Fatalf("exit %d, want 1: %s", code, errs)
 	}
 	mustContain(t, "inspect", out, "Nothing is known about this key", `known in other scopes: "tenant-a". Did you mean --scope?`)
+	mustContain(t, "inspect stderr", errs, `nothing is known about key "k-ops" (no scope)`)
 
-	out, _, _ = worker(t, "inspect", "k-ops", "--json", "--database-url", db.URL)
-	var r opsquery.KeyReport
+	out, errs, code = worker(t, "inspect", "k-ops", "--json", "--database-url", db.URL)
+	if code != 1 {
+		t.Fatalf("--json: exit %d, want 1: %s", code, errs)
+	}
+	var r ops.KeyReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if r.Known || len(r.OtherScopes) != 1 {
 		t.Errorf("json = %+v", r)
 	}
+
+	// Known in its scope: exit 0.
+	if _, errs, code := worker(t, "inspect", "k-ops", "--scope", "tenant-a", "--database-url", db.URL); code != 0 {
+		t.Errorf("known key: exit %d: %s", code, errs)
+	}
 }
 
 func TestInspectJSON(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	seedKey(t, db, "tenant-a", "k-ops")
+	db := opsDB(t, "")
+	seedKey(t, db, "", "tenant-a", "k-ops")
 	out, errs, code := worker(t, "inspect", "--json", "--scope=tenant-a", "--database-url", db.URL, "k-ops")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	var r opsquery.KeyReport
+	var r ops.KeyReport
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if !r.Known || r.Request == nil || len(r.Outbox) != 2 || len(r.Inbox) != 1 || len(r.DeadLetters) != 1 ||
-		len(r.Payments) != 1 || len(r.Ledger) != 1 || r.ScopedKey != "tenant-a\x1fk-ops" {
+		len(effectRows(r, "payments")) != 1 || len(effectRows(r, "ledger_entries")) != 1 || r.ScopedKey != "tenant-a\x1fk-ops" {
 		t.Errorf("json = %+v", r)
 	}
 }
@@ -173,6 +229,9 @@ func TestInspectBadArguments(t *testing.T) {
 		{[]string{"inspect", "a", "b"}, "want exactly one KEY, got 2"},
 		{[]string{"inspect", "bad\tkey"}, "malformed idempotency key"},
 		{[]string{"inspect", "--scope", "t-b", "t-a\x1fk"}, `KEY is scoped to "t-a" but --scope says "t-b"`},
+		{[]string{"inspect", "--scope", "bad scope\t", "k"}, "--scope: idem: malformed idempotency key"},
+		{[]string{"inspect", "--schema", "Bad-Schema", "k"}, `--schema: schema "Bad-Schema"`},
+		{[]string{"stats", "--schema", "Bad-Schema"}, `--schema: schema "Bad-Schema"`},
 	}
 	for _, tc := range cases {
 		_, errs, code := worker(t, tc.args...)
@@ -182,11 +241,43 @@ func TestInspectBadArguments(t *testing.T) {
 	}
 }
 
+// --schema: idem's tables in their own schema, the application's where Migrate put
+// them.
+func TestInspectAndStatsInASchema(t *testing.T) {
+	t.Parallel()
+	const schema = "ops_cli"
+	db := opsDB(t, schema)
+	seedKey(t, db, schema, "", "k-schema")
+
+	out, errs, code := worker(t, "inspect", "k-schema", "--schema", schema, "--database-url", db.URL)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	mustContain(t, "inspect --schema", out, "outbox (2 messages)", "charges: done", "dead letters (1)", "ledger_entries  id=")
+
+	// Without --schema there are no idem tables to read.
+	if _, errs, code := worker(t, "inspect", "k-schema", "--database-url", db.URL); code != 1 || !strings.Contains(errs, "idem_requests") {
+		t.Errorf("no --schema: exit %d, stderr %q", code, errs)
+	}
+
+	out, errs, code = worker(t, "stats", "--json", "--schema", schema, "--database-url", db.URL, "--nats-url=", "--data-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("stats: exit %d: %s", code, errs)
+	}
+	var st statsOutput
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if st.Requests.Total != 1 || st.Outbox.Pending != 1 || st.Outbox.Published != 1 || count(st.Stats, "payments") != 1 {
+		t.Errorf("stats --schema = %+v", st.Stats)
+	}
+}
+
 func TestStatsWithoutJetStream(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	seedKey(t, db, "", "k-1")
-	seedKey(t, db, "", "k-2")
+	db := opsDB(t, "")
+	seedKey(t, db, "", "", "k-1")
+	seedKey(t, db, "", "", "k-2")
 	dataDir := t.TempDir()
 
 	out, errs, code := worker(t, "stats", "--json", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
@@ -198,17 +289,18 @@ func TestStatsWithoutJetStream(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	if st.Requests.Total != 2 || st.Outbox.Pending != 2 || st.Outbox.Published != 2 || st.DeadLetters.NotReplayed != 2 ||
-		st.Business.LedgerEntries != 2 || len(st.Inbox) != 1 || st.Inbox[0].Rows != 2 || st.JetStream != nil {
+		count(st.Stats, "ledger_entries") != 2 || count(st.Stats, "payments") != 2 || count(st.Stats, "emails") != 0 ||
+		len(st.Inbox) != 1 || st.Inbox[0].Rows != 2 || st.JetStream != nil {
 		t.Errorf("stats = %+v", st.Stats)
 	}
-	mustContain(t, "stats --json", st.JetStreamError, "no --nats-url and no nats.url")
+	mustContain(t, "stats --json", st.JetStreamError, "no --nats-url and no "+runenv.NATSURLFile)
 
 	out, _, _ = worker(t, "stats", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
 	mustContain(t, "stats", out, "requests", "2 total, 0 running", "2 pending (0 failing), 2 published; oldest pending waits",
-		"2 total, 2 not replayed", "ledger_entries 2", "charges", "jetstream: no --nats-url")
+		"2 total, 2 not replayed", "application rows", "payments 2, emails 0, ledger_entries 2", "charges", "jetstream: no --nats-url")
 
 	// A URL file left by a worker that has stopped: a note, not a failure.
-	if err := os.WriteFile(filepath.Join(dataDir, service.NATSURLFile), []byte("nats://127.0.0.1:1\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dataDir, runenv.NATSURLFile), []byte("nats://127.0.0.1:1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, errs, code = worker(t, "stats", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
@@ -228,18 +320,25 @@ func TestStatsShowsConsumerLag(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	ctx := testenv.Ctx(t)
-	if _, err := env.JS.CreateOrUpdateConsumer(ctx, idem.StreamName, jetstream.ConsumerConfig{
-		Durable: service.ChargeConsumerName, FilterSubject: idem.SubjectCharge, AckPolicy: jetstream.AckExplicitPolicy,
+	if err := refapp.Migrate(ctx, env.DB.Pool); err != nil {
+		t.Fatal(err)
+	}
+	// The reference application's stream, which stats reads, beside the test one.
+	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.CreateOrUpdateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{
+		Durable: refapp.ChargeConsumer, FilterSubject: refapp.SubjectCharge, AckPolicy: jetstream.AckExplicitPolicy,
 	}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		env.Publish(t, idem.SubjectCharge, "k", "", testenv.ChargePayload("a", i+1))
+		env.Publish(t, refapp.SubjectCharge, "k", "", fmt.Appendf(nil, `{"account":"a","amount_cents":%d}`, i+1))
 	}
 
 	// Found through the URL file a running worker keeps under --data-dir.
 	dataDir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dataDir, service.NATSURLFile), []byte(env.NATS.URL()+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dataDir, runenv.NATSURLFile), []byte(env.NATS.URL()+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	out, errs, code := worker(t, "stats", "--json", "--database-url", env.DB.URL, "--nats-url=", "--data-dir", dataDir)
@@ -251,12 +350,12 @@ func TestStatsShowsConsumerLag(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	js := st.JetStream
-	if js == nil || js.Messages != 3 || len(js.Consumers) != 1 || js.Consumers[0].Name != "charges" || js.Consumers[0].NumPending != 3 {
+	if js == nil || js.Stream != refapp.StreamName || js.Messages != 3 || len(js.Consumers) != 1 || js.Consumers[0].Name != refapp.ChargeConsumer || js.Consumers[0].NumPending != 3 {
 		t.Fatalf("jetstream = %+v (error %q)", js, st.JetStreamError)
 	}
 
 	out, _, _ = worker(t, "stats", "--database-url", env.DB.URL, "--nats-url", env.NATS.URL())
-	mustContain(t, "stats", out, "jetstream "+env.NATS.URL(), "stream IDEM: 3 messages", "charges", idem.SubjectCharge)
+	mustContain(t, "stats", out, "jetstream "+env.NATS.URL(), "stream IDEM: 3 messages", refapp.ChargeConsumer, refapp.SubjectCharge)
 }
 
 func TestHuman(t *testing.T) {

@@ -18,17 +18,19 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/opsquery"
-	"github.com/idemkit/idem/internal/service"
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/runenv"
+	"github.com/idemkit/idem/ops"
+	"github.com/idemkit/idem/refapp"
 )
 
 const statsUsage = `usage: worker stats [flags]
 
 Prints counts and lags: requests, the outbox backlog and the age of its oldest
-unpublished row, inbox rows per consumer and status, dead letters, business rows,
-and JetStream consumer lag when a server is known (--nats-url, NATS_URL, or the
-embedded server a running worker recorded under --data-dir).
+unpublished row, inbox rows per consumer and status, dead letters, the reference
+application's row counts, and the lag of stream IDEM's consumers when a JetStream
+server is known (--nats-url, NATS_URL, or the embedded server a running worker
+recorded under --data-dir).
 
 flags:
 `
@@ -36,7 +38,7 @@ flags:
 // statsOutput is what stats prints: the snapshot, plus where the JetStream figures
 // came from or why there are none.
 type statsOutput struct {
-	*opsquery.Stats
+	*ops.Stats
 	// JetStreamSource says where the NATS URL came from.
 	JetStreamSource string `json:"jetstream_source,omitempty"`
 	// JetStreamError explains missing JetStream figures.
@@ -54,6 +56,9 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	if len(rest) > 0 {
 		return fmt.Errorf("stats: unexpected arguments %q", rest)
 	}
+	if err := pgschema.Validate(o.schema); err != nil {
+		return fmt.Errorf("stats: --schema: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
 	pool, err := openOpsPool(ctx, o, fs)
@@ -61,7 +66,11 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	st, err := opsquery.ReadStats(ctx, pool)
+	r, err := ops.New(pool, ops.Config{Schema: o.schema, Counts: refapp.Counts})
+	if err != nil {
+		return fmt.Errorf("stats: %w", err)
+	}
+	st, err := r.Stats(ctx)
 	if err != nil {
 		return fmt.Errorf("stats: %w", err)
 	}
@@ -71,7 +80,7 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	// dir may be stale (the worker stopped), which is worth a note, not a failure.
 	url, source := o.natsURL, "--nats-url / NATS_URL"
 	if url == "" {
-		file := filepath.Join(o.dataDir, service.NATSURLFile)
+		file := filepath.Join(o.dataDir, runenv.NATSURLFile)
 		if b, err := os.ReadFile(file); err == nil {
 			url, source = strings.TrimSpace(string(b)), file
 		}
@@ -86,7 +95,7 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 			out.JetStreamError = fmt.Sprintf("%v (the embedded server recorded in %s does not answer: is the worker running?)", err, source)
 		}
 	} else {
-		out.JetStreamError = fmt.Sprintf("no --nats-url and no %s under --data-dir %s", service.NATSURLFile, o.dataDir)
+		out.JetStreamError = fmt.Sprintf("no --nats-url and no %s under --data-dir %s", runenv.NATSURLFile, o.dataDir)
 	}
 
 	if asJSON {
@@ -98,7 +107,7 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func readJetStream(ctx context.Context, url string) (*opsquery.JetStreamStats, error) {
+func readJetStream(ctx context.Context, url string) (*ops.JetStreamStats, error) {
 	nc, err := nats.Connect(url, nats.Name("idem-worker-stats"), nats.Timeout(3*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
@@ -108,7 +117,7 @@ func readJetStream(ctx context.Context, url string) (*opsquery.JetStreamStats, e
 	if err != nil {
 		return nil, err
 	}
-	s, err := opsquery.ReadJetStream(ctx, js, idem.StreamName)
+	s, err := ops.ReadJetStream(ctx, js, refapp.StreamName)
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +149,13 @@ func writeStats(w io.Writer, out statsOutput) {
 	}
 	row("outbox", backlog)
 	row("dead letters", fmt.Sprintf("%d total, %d not replayed", st.DeadLetters.Total, st.DeadLetters.NotReplayed))
-	row("business rows", fmt.Sprintf("payments %d, emails %d, ledger_entries %d", st.Business.Payments, st.Business.Emails, st.Business.LedgerEntries))
+	if len(st.Counts) > 0 {
+		counts := make([]string, len(st.Counts))
+		for i, c := range st.Counts {
+			counts[i] = fmt.Sprintf("%s %d", c.Name, c.N)
+		}
+		row("application rows", strings.Join(counts, ", "))
+	}
 	tw.Flush()
 
 	p.line(0, "")

@@ -1,70 +1,124 @@
-// Package faults holds deterministic fault points: places in the worker where a
-// fault-injection run can make the process die for real. They are compiled into the
-// normal binary and inert unless IDEM_FAULTS names them.
+// Package faults holds deterministic fault points: places in idem where a test can
+// make the work stop as if the process died there, or where a fault-injection run
+// makes the process die for real.
 //
-// IDEM_FAULTS is a comma-separated list of point=action[@n], for example
+// Fault points are not public API. A Set travels in the context a component runs
+// with (With, From); a component reaches a point with From(ctx).Hit(ctx, point,
+// keys), which is a no-op when no Set is present. Only code inside this module can
+// build a context carrying a Set, so a user of the library cannot switch a point
+// on, and the shipped worker binary parses IDEM_FAULTS only when it is built with
+// the idemfaults build tag (see cmd/worker).
 //
-//	IDEM_FAULTS=consumer.after-commit=kill@3,relay.after-publish=kill
+// A Set comes from a test (New, then Func and Switch) or from an IDEM_FAULTS
+// specification (Parse): a comma-separated list of point=action[@n], for example
+//
+//	consumer.after-commit=kill@3,relay.after-publish=kill
 //
 // kill sends SIGKILL to the process itself (no deferred function, no flush: a real
-// crash); exit exits with status 3; on merely arms a switch (see Armed). @n fires on the n-th time the point is reached
-// (default: the first).
+// crash); exit exits with status 3; on arms a switch (see On). @n fires on the n-th
+// time the point is reached (default: the first). Unknown point names are errors.
 package faults
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 )
 
-// EnvVar is the environment variable that arms fault points.
+// EnvVar is the environment variable that arms fault points in a worker built with
+// the idemfaults tag.
 const EnvVar = "IDEM_FAULTS"
 
-// Fault points of the worker.
-const (
-	ConsumerAfterCommit = "consumer.after-commit" // committed, not acked
-	RelayAfterPublish   = "relay.after-publish"   // published, not marked
-	EmailAfterSend      = "email.after-send"      // the SMTP server took the mail, lease not completed
-	EffectBeforeCommit  = "effect.before-commit"  // effect done, inbox transaction not committed
-	IngressAfterCommit  = "ingress.after-commit"  // request committed, response not written
+// Point names a place in the code.
+type Point string
 
-	// SkipInboxClaim is not a crash but the chaos suite's negative control: armed
-	// (consumer.skip-inbox-claim=on), the charge consumer runs without its inbox
-	// claim, so the checker must see doubled effects.
-	SkipInboxClaim = "consumer.skip-inbox-claim"
+// The fault points.
+const (
+	// IngressAfterCommit: a request's record, business rows and outbox rows have
+	// committed; its response is not written yet.
+	IngressAfterCommit Point = "ingress.after-commit"
+	// RelayAfterPublish: a batch has its PubAcks; the rows are not marked published.
+	RelayAfterPublish Point = "relay.after-publish"
+	// EffectBeforeCommit: a batch's handlers ran; the inbox transaction has not
+	// committed. Returning an error rolls the batch back.
+	EffectBeforeCommit Point = "effect.before-commit"
+	// ConsumerAfterCommit: a batch committed; it is not acked.
+	ConsumerAfterCommit Point = "consumer.after-commit"
+	// ExternalAfterPerform: an external effect succeeded downstream; its lease is
+	// not completed and the message not acked.
+	ExternalAfterPerform Point = "external.after-perform"
+
+	// SkipInboxClaim is a switch, not a crash: the negative control of the tests.
+	// Armed, in-transaction consumers run every delivery's handler without claiming
+	// its key, so a checker must see doubled effects.
+	SkipInboxClaim Point = "consumer.skip-inbox-claim"
 )
 
-type fault struct {
-	action string
+// Points lists every point, for validation and for help texts.
+var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim}
+
+// Func is a test hook run at a point with the keys of the work under way. A non-nil
+// error abandons that work where it stands, as if the process had died there.
+type Func func(ctx context.Context, keys []string) error
+
+type point struct {
+	action string // kill, exit, on, or "" for a Func
 	at     int
 	hits   int
+	fn     Func
 }
 
-// Set is a parsed IDEM_FAULTS. The nil Set is inert.
+// Set is a set of armed points. The nil Set is inert; all methods are safe for
+// concurrent use.
 type Set struct {
 	mu     sync.Mutex
-	points map[string]*fault
+	points map[Point]*point
+}
+
+// New returns an empty Set, to arm with Func and Switch.
+func New() *Set { return &Set{points: map[Point]*point{}} }
+
+// Func arms p with fn, called at every hit. It returns s, for chaining.
+func (s *Set) Func(p Point, fn Func) *Set {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.points[p] = &point{fn: fn}
+	return s
+}
+
+// Switch arms the switch p (see On). It returns s, for chaining.
+func (s *Set) Switch(p Point) *Set {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.points[p] = &point{action: "on"}
+	return s
 }
 
 // FromEnv parses IDEM_FAULTS; an empty variable gives a nil (inert) Set.
 func FromEnv() (*Set, error) { return Parse(os.Getenv(EnvVar)) }
 
-// Parse parses a fault spec.
+// Parse parses a fault specification; the empty one gives a nil Set.
 func Parse(spec string) (*Set, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
 		return nil, nil
 	}
-	s := &Set{points: map[string]*fault{}}
+	s := New()
 	for _, item := range strings.Split(spec, ",") {
-		point, action, ok := strings.Cut(strings.TrimSpace(item), "=")
-		if !ok || point == "" {
+		name, action, ok := strings.Cut(strings.TrimSpace(item), "=")
+		if !ok || name == "" {
 			return nil, fmt.Errorf("faults: %q: want point=action[@n]", item)
 		}
-		f := &fault{at: 1}
+		p := Point(name)
+		if !slices.Contains(Points, p) {
+			return nil, fmt.Errorf("faults: %q: unknown point %q (known: %s)", item, name, known())
+		}
+		f := &point{at: 1}
 		if a, n, ok := strings.Cut(action, "@"); ok {
 			v, err := strconv.Atoi(n)
 			if err != nil || v < 1 {
@@ -72,45 +126,91 @@ func Parse(spec string) (*Set, error) {
 			}
 			action, f.at = a, v
 		}
-		if action != "kill" && action != "exit" && action != "on" {
+		switch {
+		case action != "kill" && action != "exit" && action != "on":
 			return nil, fmt.Errorf("faults: %q: action must be kill, exit or on", item)
+		case (action == "on") != (p == SkipInboxClaim):
+			return nil, fmt.Errorf("faults: %q: %s takes %s", item, p, map[bool]string{true: "on", false: "kill or exit"}[p == SkipInboxClaim])
 		}
 		f.action = action
-		s.points[point] = f
+		s.points[p] = f
 	}
 	return s, nil
 }
 
-// Armed reports whether point is armed.
-func (s *Set) Armed(point string) bool {
+func known() string {
+	names := make([]string, len(Points))
+	for i, p := range Points {
+		names[i] = string(p)
+	}
+	return strings.Join(names, ", ")
+}
+
+// Armed reports whether p is armed in s.
+func (s *Set) Armed(p Point) bool {
 	if s == nil {
 		return false
 	}
-	_, ok := s.points[point]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.points[p]
 	return ok
 }
 
-// Hit marks that the process reached point; if the point fires, the process dies
-// here and Hit does not return.
-func (s *Set) Hit(point string) {
+// On reports whether the switch p is on.
+func (s *Set) On(p Point) bool {
 	if s == nil {
-		return
+		return false
 	}
 	s.mu.Lock()
-	f, ok := s.points[point]
+	defer s.mu.Unlock()
+	f, ok := s.points[p]
+	return ok && f.action == "on"
+}
+
+// Hit marks that the work on keys reached p. A Func runs and its error is returned;
+// a kill or exit point that fires ends the process here and Hit does not return.
+func (s *Set) Hit(ctx context.Context, p Point, keys []string) error {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	f, ok := s.points[p]
 	fire := false
 	if ok {
 		f.hits++
 		fire = f.hits == f.at
 	}
 	s.mu.Unlock()
-	if !fire || f.action == "on" {
-		return
+	switch {
+	case !ok:
+		return nil
+	case f.fn != nil:
+		return f.fn(ctx, keys)
+	case !fire || f.action == "on":
+		return nil
 	}
-	fmt.Fprintf(os.Stderr, "faults: %s fired (%s)\n", point, f.action)
+	fmt.Fprintf(os.Stderr, "faults: %s fired (%s)\n", p, f.action)
 	if f.action == "exit" {
 		os.Exit(3)
 	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // SIGKILL is not deliverable late; wait for it
+}
+
+type ctxKey struct{}
+
+// With returns ctx carrying s. Components started with that context reach its
+// points.
+func With(ctx context.Context, s *Set) context.Context {
+	if s == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, ctxKey{}, s)
+}
+
+// From returns the Set ctx carries, or nil.
+func From(ctx context.Context) *Set {
+	s, _ := ctx.Value(ctxKey{}).(*Set)
+	return s
 }

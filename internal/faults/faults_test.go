@@ -1,6 +1,8 @@
 package faults
 
 import (
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,7 +14,7 @@ func TestParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{ConsumerAfterCommit, RelayAfterPublish, SkipInboxClaim} {
+	for _, p := range []Point{ConsumerAfterCommit, RelayAfterPublish, SkipInboxClaim} {
 		if !s.Armed(p) {
 			t.Errorf("%s not armed", p)
 		}
@@ -20,12 +22,40 @@ func TestParse(t *testing.T) {
 	if s.Armed(EffectBeforeCommit) {
 		t.Error("unnamed point armed")
 	}
+	if !s.On(SkipInboxClaim) || s.On(ConsumerAfterCommit) {
+		t.Error("On reports the wrong switches")
+	}
 	var none *Set
-	none.Hit(ConsumerAfterCommit) // the nil set is inert
-	for _, bad := range []string{"x", "=kill", "p=explode", "p=kill@0", "p=kill@x"} {
+	if err := none.Hit(context.Background(), ConsumerAfterCommit, nil); err != nil || none.On(SkipInboxClaim) {
+		t.Error("the nil set is not inert")
+	}
+	for _, bad := range []string{
+		"x", "=kill", "p=kill", // unknown point
+		"consumer.after-commit=explode", "consumer.after-commit=kill@0", "consumer.after-commit=kill@x",
+		"consumer.after-commit=on", "consumer.skip-inbox-claim=kill",
+	} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("Parse(%q) accepted", bad)
 		}
+	}
+	if _, err := Parse("consumer.aftercommit=kill"); err == nil || !strings.Contains(err.Error(), "unknown point") {
+		t.Errorf("a misspelt point: err = %v, want it named unknown", err)
+	}
+}
+
+func TestContextCarriesTheSet(t *testing.T) {
+	ctx := context.Background()
+	if From(ctx) != nil || From(With(ctx, nil)) != nil {
+		t.Fatal("a plain context carries a set")
+	}
+	boom := errors.New("died here")
+	var got []string
+	s := New().Func(RelayAfterPublish, func(_ context.Context, keys []string) error { got = keys; return boom })
+	if err := From(With(ctx, s)).Hit(ctx, RelayAfterPublish, []string{"k1"}); !errors.Is(err, boom) || len(got) != 1 {
+		t.Fatalf("Hit = %v, keys %v", err, got)
+	}
+	if err := s.Hit(ctx, ConsumerAfterCommit, nil); err != nil {
+		t.Fatalf("an unarmed point returned %v", err)
 	}
 }
 
@@ -33,14 +63,15 @@ func TestParse(t *testing.T) {
 func TestHitKillsOnTheNthHit(t *testing.T) {
 	if os.Getenv("FAULTS_CHILD") == "1" {
 		s, _ := FromEnv()
-		s.Hit(ConsumerAfterCommit)
+		ctx := context.Background()
+		_ = s.Hit(ctx, ConsumerAfterCommit, nil)
 		os.Stdout.WriteString("survived first hit\n")
-		s.Hit(ConsumerAfterCommit)
+		_ = s.Hit(ctx, ConsumerAfterCommit, nil)
 		os.Stdout.WriteString("survived second hit\n")
 		os.Exit(0)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=TestHitKillsOnTheNthHit")
-	cmd.Env = append(os.Environ(), "FAULTS_CHILD=1", EnvVar+"="+ConsumerAfterCommit+"=kill@2")
+	cmd.Env = append(os.Environ(), "FAULTS_CHILD=1", EnvVar+"="+string(ConsumerAfterCommit)+"=kill@2")
 	out, err := cmd.Output()
 	if err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Fatalf("child was not killed: err=%v out=%q", err, out)

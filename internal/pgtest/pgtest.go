@@ -2,7 +2,8 @@
 // applied, so tests run in parallel without seeing each other's rows.
 //
 // It connects to the server named by DATABASE_URL (default: the local trust-auth
-// server), creates idem_t_<random>, migrates it and drops it when the test ends.
+// server), creates idem_t_<random>, migrates it (idem's tables only) and drops it
+// when the test ends.
 package pgtest
 
 import (
@@ -40,8 +41,23 @@ type DB struct {
 	Name string
 }
 
+// Options shape a test database. The zero value is a database with idem's schema
+// applied in public.
+type Options struct {
+	// Schema is where idem's tables go (default public).
+	Schema string
+	// NoMigrate leaves the database empty.
+	NoMigrate bool
+}
+
 // New creates a fresh migrated database for t and drops it at cleanup.
 func New(t testing.TB) *DB {
+	t.Helper()
+	return NewWith(t, Options{})
+}
+
+// NewWith creates a fresh database shaped by opts and drops it at cleanup.
+func NewWith(t testing.TB, opts Options) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -74,9 +90,6 @@ func New(t testing.TB) *DB {
 	if err != nil {
 		t.Fatalf("pgtest: open pool: %v", err)
 	}
-	if _, err := migrations.Apply(ctx, db.Pool); err != nil {
-		t.Fatalf("pgtest: migrate: %v", err)
-	}
 	t.Cleanup(func() {
 		db.Pool.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -92,6 +105,11 @@ func New(t testing.TB) *DB {
 			t.Logf("pgtest: drop %s: %v", name, err)
 		}
 	})
+	if !opts.NoMigrate {
+		if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{Schema: opts.Schema}); err != nil {
+			t.Fatalf("pgtest: migrate: %v", err)
+		}
+	}
 	return db
 }
 

@@ -429,7 +429,12 @@ func splitmix(x uint64) uint64 {
 }
 
 // freePorts reserves n distinct loopback ports and releases them for the children.
+// They are drawn below the kernel's ephemeral range: a worker killed and restarted
+// binds its port again, and an ephemeral port can meanwhile be taken as the local end
+// of some outgoing connection (any test's), which would keep the restarted worker
+// from listening for as long as that connection lives.
 func freePorts(n int) ([]int, error) {
+	low := ephemeralLow()
 	var ls []net.Listener
 	defer func() {
 		for _, l := range ls {
@@ -437,13 +442,30 @@ func freePorts(n int) ([]int, error) {
 		}
 	}()
 	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 1000 {
+			return nil, fmt.Errorf("chaos: no %d free ports below %d", n, low)
+		}
+		port := 20000 + rand.IntN(max(low-20000, 1000))
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
-			return nil, fmt.Errorf("chaos: free port: %w", err)
+			continue // taken: draw another
 		}
 		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ports = append(ports, port)
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's default
+// is 32768).
+func ephemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 21000 {
+				return v
+			}
+		}
+	}
+	return 32768
 }

@@ -7,8 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/demo"
+	"github.com/idemkit/idem/refapp"
 )
 
 // figures are what one run measured. The first seven are the figures line.
@@ -121,7 +120,7 @@ func (r *run) waitFor(ctx context.Context, timeout time.Duration, what string, c
 func (r *run) settle(ctx context.Context, j journal) error {
 	mailIDs := make([]string, len(j.emails))
 	for i, k := range j.emails {
-		mailIDs[i] = demo.MessageID(k)
+		mailIDs[i] = refapp.MessageID(k)
 	}
 	return r.waitFor(ctx, r.cfg.settle, "the run to settle", func() (bool, string, error) {
 		var unpublished, charged, chargesInbox, emailsInbox, dead int
@@ -172,7 +171,7 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
 func (r *run) consumerBusy(ctx context.Context, name string) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	c, err := r.js.Consumer(ctx, idem.StreamName, name)
+	c, err := r.js.Consumer(ctx, refapp.StreamName, name)
 	if err != nil {
 		return fmt.Sprintf("consumer %s: %v", name, err)
 	}
@@ -280,7 +279,7 @@ func (r *run) checkCharges(ctx context.Context, j journal, f *figures) error {
 func (r *run) checkEmails(j journal, f *figures) {
 	keyOf := make(map[string]string, len(j.emails)) // Message-ID -> key
 	for _, k := range j.emails {
-		keyOf[demo.MessageID(k)] = k
+		keyOf[refapp.MessageID(k)] = k
 	}
 	deliveries := map[string]int{}      // key -> raw messages
 	ids := map[string]map[string]bool{} // recipient -> distinct Message-IDs
@@ -366,7 +365,7 @@ func (r *run) checkDeadLetters(ctx context.Context, f *figures) error {
 
 // faultPoints are the deterministic fault points the suite arms.
 func faultPoints() []string {
-	return []string{"effect.before-commit", "consumer.after-commit", "email.after-send", "relay.after-publish", "ingress.after-commit"}
+	return []string{"effect.before-commit", "consumer.after-commit", "external.after-perform", "relay.after-publish", "ingress.after-commit"}
 }
 
 // countFromLogs counts the fault points that fired (the worker says so on stderr

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/refapp"
 )
 
 // faultKind is a fault the schedule injects from outside the processes. The fault
@@ -183,11 +184,11 @@ func (r *run) injectPoison(ctx context.Context, rng *rand.Rand) error {
 		{why: "payload with an unknown field", key: idem.NewKey().String(), payload: []byte(`{"account":"` + tag + `-unknown","amount_cents":100,"currency":"EUR"}`)},
 		{why: "negative amount", key: idem.NewKey().String(), payload: charge(tag+"-negative", -5)},
 		{why: "same key as an intent, different payload", key: key, payload: charge(account, cents+1), mismatch: true},
-		{why: "email without Idempotency-Key", subject: idem.SubjectEmail, payload: []byte(`{"to":"` + tag + `@chaos.test","subject":"nokey","body":""}`)},
-		{why: "email to no address", subject: idem.SubjectEmail, key: idem.NewKey().String(), payload: []byte(`{"to":"` + tag + ` not an address","subject":"bad","body":""}`)},
+		{why: "email without Idempotency-Key", subject: refapp.SubjectEmail, payload: []byte(`{"to":"` + tag + `@chaos.test","subject":"nokey","body":""}`)},
+		{why: "email to no address", subject: refapp.SubjectEmail, key: idem.NewKey().String(), payload: []byte(`{"to":"` + tag + ` not an address","subject":"bad","body":""}`)},
 	}
 	for i, p := range r.poison {
-		subject := idem.SubjectCharge
+		subject := refapp.SubjectCharge
 		if p.subject != "" {
 			subject = p.subject
 		}

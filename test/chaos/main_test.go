@@ -50,7 +50,9 @@ func buildBinaries(dir string) error {
 	}
 	start := time.Now()
 	build := func(pkgs ...string) error {
-		args := append([]string{"build", "-o", dir + string(filepath.Separator)}, pkgs...)
+		// The worker is built with its fault points armable (IDEM_FAULTS); the
+		// shipped binary refuses them.
+		args := append([]string{"build", "-tags", "idemfaults", "-o", dir + string(filepath.Separator)}, pkgs...)
 		cmd := exec.Command("go", args...)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -26,9 +26,9 @@ type workerSpec struct {
 // ingress.
 func topology() []workerSpec {
 	return []workerSpec{
-		{"w1", "ingress,consumers", []string{"effect.before-commit", "consumer.after-commit", "email.after-send", "ingress.after-commit"}},
-		{"w2", "ingress,consumers", []string{"consumer.after-commit", "effect.before-commit", "email.after-send", "ingress.after-commit"}},
-		{"w3", "consumers", []string{"email.after-send", "effect.before-commit", "consumer.after-commit"}},
+		{"w1", "ingress,consumers", []string{"effect.before-commit", "consumer.after-commit", "external.after-perform", "ingress.after-commit"}},
+		{"w2", "ingress,consumers", []string{"consumer.after-commit", "effect.before-commit", "external.after-perform", "ingress.after-commit"}},
+		{"w3", "consumers", []string{"external.after-perform", "effect.before-commit", "consumer.after-commit"}},
 		{"w4", "relay", []string{"relay.after-publish"}},
 		{"w5", "relay,ingress", []string{"ingress.after-commit", "relay.after-publish"}},
 	}
@@ -94,7 +94,7 @@ func (w *worker) nextFaults(loadRunning bool) string {
 			point = w.spec.points[w.rng.IntN(len(w.spec.points))]
 		}
 		maxK := w.r.cfg.maxK
-		if point == "email.after-send" { // hit once per email sent: a quarter of the load
+		if point == "external.after-perform" { // hit once per email sent: a quarter of the load
 			maxK = max(3, int(float64(maxK)*w.r.cfg.emailShare))
 		}
 		k := 2 + w.rng.IntN(maxK-1)

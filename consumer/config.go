@@ -1,0 +1,204 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/pgschema"
+)
+
+// Defaults applied to zero fields of Config.
+const (
+	// DefaultBatchSize is how many deliveries an in-transaction consumer processes
+	// in one transaction.
+	DefaultBatchSize = 250
+	// DefaultConcurrency is how many batches an in-transaction consumer runs at
+	// once: one commits while the next is being claimed.
+	DefaultConcurrency = 2
+	// DefaultExternalConcurrency is how many external effects run at once.
+	DefaultExternalConcurrency = 1
+	// DefaultAckWait is how long JetStream waits for an ack before redelivering.
+	DefaultAckWait = 30 * time.Second
+	// DefaultMaxDeliver is how many failed attempts a message gets before it is
+	// dead-lettered.
+	DefaultMaxDeliver = 10
+	// DefaultLeaseFor is how long an external effect's claim outlives a worker that
+	// stopped extending it.
+	DefaultLeaseFor = 30 * time.Second
+)
+
+// Config configures a Consumer. Name, Stream, Subject and exactly one handler are
+// required; the zero value of every other field means its default.
+type Config struct {
+	// Name is the durable JetStream consumer and the inbox's consumer column. Two
+	// workers with the same Name share the work; two names each see every message.
+	Name string
+	// Stream is the JetStream stream to consume from, e.g. "ORDERS".
+	Stream string
+	// Subject is the filter subject, e.g. "orders.created" or "orders.>".
+	Subject string
+	// Schema is the Postgres schema holding the idem_* tables (default "public").
+	Schema string
+
+	// Handler or BatchHandler runs an effect inside the inbox transaction; External
+	// performs one that cannot join a transaction (an email, a provider call), under
+	// a lease. Set exactly one of the three.
+	Handler      Handler
+	BatchHandler BatchHandler
+	External     ExternalHandler
+
+	// BatchSize is the most deliveries processed in one transaction (default
+	// DefaultBatchSize). External effects are always performed one at a time.
+	BatchSize int
+	// Linger is how long a batch waits for more messages after its first one
+	// (default 0: a batch is whatever is already buffered, so a lone message is
+	// never held back).
+	Linger time.Duration
+	// Concurrency is how many batches (or external effects) run at once (default
+	// DefaultConcurrency, or DefaultExternalConcurrency for External).
+	Concurrency int
+	// AckWait is how long JetStream waits for an ack before redelivering (default
+	// DefaultAckWait). Work in progress is kept alive with in-progress heartbeats.
+	AckWait time.Duration
+	// MaxDeliver is how many failed attempts a message gets before it is
+	// dead-lettered (default DefaultMaxDeliver).
+	MaxDeliver int
+	// Backoff is the redelivery delay after the n-th failed attempt (default
+	// DefaultBackoff).
+	Backoff func(attempt int) time.Duration
+	// KeyLifetime is how long inbox keys are remembered (default
+	// dedupe.DefaultLifetime). It must outlast RedeliveryHorizon, the stream's
+	// MaxAge and the clients' re-send horizon; the worker package checks it.
+	KeyLifetime time.Duration
+	// LeaseFor, for External, is how long a claim outlives a worker that stops
+	// extending it (default DefaultLeaseFor). It is extended every third of
+	// min(LeaseFor, AckWait) while the effect runs, so it bounds how long a crashed
+	// worker delays the retry, not how long the effect may take.
+	LeaseFor time.Duration
+	// DoubleAck waits for the server to confirm each ack. Off by default: a lost ack
+	// costs only a redelivery, which the inbox folds.
+	DoubleAck bool
+	// MaxAckPending bounds messages delivered and not yet acked (default
+	// max(1000, 4*BatchSize*Concurrency)).
+	MaxAckPending int
+
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// TracerProvider makes one span per delivery, continuing the producer's trace
+	// from the traceparent header (default: no tracing).
+	TracerProvider trace.TracerProvider
+	// Observer, when set, is told every settled delivery: events with Component
+	// idem.ComponentConsumer, Name the consumer's name and one of the Outcome
+	// constants.
+	Observer idem.Observer
+}
+
+func (c Config) validate() error {
+	handlers := 0
+	for _, set := range []bool{c.Handler != nil, c.BatchHandler != nil, c.External != nil} {
+		if set {
+			handlers++
+		}
+	}
+	switch {
+	case c.Name == "":
+		return errors.New("consumer: Name is required")
+	case c.Stream == "":
+		return fmt.Errorf("consumer %s: Stream is required", c.Name)
+	case c.Subject == "":
+		return fmt.Errorf("consumer %s: Subject is required", c.Name)
+	case handlers != 1:
+		return fmt.Errorf("consumer %s: set exactly one of Handler, BatchHandler and External", c.Name)
+	case c.BatchSize < 0, c.Concurrency < 0, c.MaxDeliver < 0, c.MaxAckPending < 0:
+		return fmt.Errorf("consumer %s: sizes must not be negative", c.Name)
+	case c.AckWait < 0, c.Linger < 0, c.KeyLifetime < 0, c.LeaseFor < 0:
+		return fmt.Errorf("consumer %s: durations must not be negative", c.Name)
+	case c.External != nil && c.BatchSize > 1:
+		return fmt.Errorf("consumer %s: an External handler performs one effect at a time; BatchSize must be 0 or 1", c.Name)
+	}
+	if err := idem.ValidateFilter(c.Subject); err != nil {
+		return fmt.Errorf("consumer %s: Subject: %w", c.Name, err)
+	}
+	if err := pgschema.Validate(c.Schema); err != nil {
+		return fmt.Errorf("consumer %s: %w", c.Name, err)
+	}
+	return nil
+}
+
+// WithDefaults returns c with every zero field replaced by its default. The worker
+// uses it to read the numbers the lifetime invariant compares.
+func (c Config) WithDefaults() Config {
+	external := c.External != nil
+	switch {
+	case external:
+		c.BatchSize = 1
+	case c.BatchSize == 0:
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+		if external {
+			c.Concurrency = DefaultExternalConcurrency
+		}
+	}
+	if c.AckWait == 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = DefaultMaxDeliver
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff
+	}
+	if c.KeyLifetime == 0 {
+		c.KeyLifetime = dedupe.DefaultLifetime
+	}
+	if c.LeaseFor == 0 {
+		c.LeaseFor = DefaultLeaseFor
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = max(1000, 4*c.BatchSize*c.Concurrency)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	return c
+}
+
+// DefaultBackoff waits 1s after the first failed attempt, doubling to at most 1m.
+func DefaultBackoff(attempt int) time.Duration {
+	d := time.Second
+	for i := 1; i < attempt && d < time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, time.Minute)
+}
+
+// RedeliveryHorizon is the longest time over which one message can still be
+// delivered again: for every attempt up to MaxDeliver, its ack wait (for an external
+// effect, the longer of the ack wait and the lease: a crashed worker's message comes
+// back after AckWait but is performed again only once its lease ends) plus its
+// backoff. The inbox must remember a key for longer than this. Defaults apply to
+// zero fields.
+func (c Config) RedeliveryHorizon() time.Duration {
+	c = c.WithDefaults()
+	wait := c.AckWait
+	if c.External != nil {
+		wait = max(c.AckWait, c.LeaseFor)
+	}
+	total := time.Duration(0)
+	for n := 1; n <= c.MaxDeliver; n++ {
+		total += wait + c.Backoff(n)
+	}
+	return total
+}

@@ -1,0 +1,74 @@
+// Package consumer is idem's consuming half of "once": a JetStream pull engine that
+// runs a handler at most once per idempotency key, whatever the broker redelivers.
+//
+// A Consumer reads a durable pull consumer (Config.Name on Config.Stream, filtered by
+// Config.Subject). Every delivery carries its intent's scoped key in the
+// Idempotency-Key header; the key is claimed in idem_inbox under (consumer, key) and
+// the effect runs only for a key that was new. Redeliveries, re-publishes by the
+// relay and producer retries all fold into the first result.
+//
+// # In-transaction handlers
+//
+// A Handler (or a BatchHandler, which writes a whole batch with one statement) runs
+// inside the Postgres transaction that claims the keys:
+//
+//	BEGIN
+//	  INSERT INTO idem_inbox ... ON CONFLICT DO NOTHING   -- claim the batch's keys
+//	  handler(ctx, tx, deliveries of the new keys)        -- the effect, in tx
+//	  UPDATE idem_inbox SET result = ...                  -- remember the first results
+//	COMMIT
+//	ack every delivery
+//
+// The claim and the effect commit together, so there is no moment in which one
+// exists without the other: a crash before COMMIT loses both and the redelivery
+// runs the effect; a crash after COMMIT (before the ack) keeps both and the
+// redelivery is folded. Exactly once, by construction.
+//
+// A handler error rolls the batch back; the failing delivery is taken out and
+// retried after Backoff, and the rest of the batch runs again without it. Past
+// MaxDeliver attempts, or at once for an error wrapped with Permanent, the message
+// is dead-lettered.
+//
+// # External effects
+//
+// An ExternalHandler performs an effect that cannot join a transaction (SMTP, a
+// payment provider). The claim is split in two committed phases around it:
+//
+//  1. Lease: claim the key as leased for LeaseFor, and commit.
+//  2. Perform the effect, passing the key downstream (Effect.Key, Effect.KeyFor).
+//     Meanwhile the lease is extended and JetStream gets in-progress heartbeats; a
+//     multi-step handler records recovery points (Effect.Checkpoint).
+//  3. Complete: store the result, mark the key done, and commit. Then ack.
+//
+// A delivery of a key that is done is acked without an effect. One that finds a
+// live lease (another worker is performing it right now) is handed back to be
+// retried when that lease would end. One that finds an expired lease — its worker
+// died mid-effect — takes it over and performs the effect again, with the same
+// key, from the last recovery point.
+//
+// What this guarantees: the window between the effect reaching the downstream and
+// step 3 committing cannot be closed by any local transaction. So toward a
+// downstream that honours the key (a provider's Idempotency-Key, a mail system that
+// dedupes on Message-ID) the effect is exactly once; toward one that does not, at
+// least once — never silently zero: a key is marked done only after Perform
+// returned success, and a message is acked only after that, or dead-lettered with
+// its reason. Never two attempts at once while the holder is alive: a live lease
+// makes every other delivery back off.
+//
+// # Poison and dead letters
+//
+// A message without a key or with a malformed one, a key first seen with another
+// payload, a Permanent handler error, and a message that used up MaxDeliver
+// attempts are filed in idem_dead_letters with the reason and terminated on the
+// broker; other traffic keeps flowing. If the dead letter cannot be written the
+// message is redelivered instead, never dropped. DeadLetters lists them and replays
+// one with its original key.
+//
+// # One engine
+//
+// Both kinds of handler share the pull loop, the acks, the retries and the dead
+// letters; only the step between "delivered" and "settled" differs. Config's zero
+// values are the defaults (the Default* constants); Config.RedeliveryHorizon says
+// how long one message can keep coming back, which the inbox key lifetime must
+// exceed (the worker package checks this at start).
+package consumer

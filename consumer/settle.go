@@ -1,0 +1,114 @@
+package consumer
+
+// The one settle path both kinds of handler share: ack, retry, dead-letter, report.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+func (c *Consumer) ack(ctx context.Context, d *Delivery) {
+	var err error
+	if c.cfg.DoubleAck {
+		err = d.raw.DoubleAck(ctx)
+	} else {
+		err = d.raw.Ack()
+	}
+	if err != nil {
+		// Harmless for correctness: the redelivery will be folded by the inbox.
+		c.log.WarnContext(ctx, "ack failed; the redelivery will be a duplicate", "key", d.Key, "err", err)
+	}
+}
+
+// fail handles a handler's error for one delivery, charged as its attempt-th
+// attempt: dead-letter it when the error is permanent or the attempts are used up,
+// retry it later otherwise.
+func (c *Consumer) fail(ctx context.Context, d *Delivery, attempt int, err error) {
+	switch {
+	case IsPermanent(err):
+		c.deadLetter(ctx, d, fmt.Sprintf("%s: %v", reasonPermanent, err))
+	case attempt >= c.cfg.MaxDeliver:
+		c.deadLetter(ctx, d, fmt.Sprintf("%s: failed %d attempts (%d deliveries), last error: %v",
+			reasonMaxDeliver, attempt, d.Deliveries, err))
+	default:
+		delay := c.cfg.Backoff(attempt)
+		c.log.WarnContext(ctx, "handler failed; will retry", "key", d.Key, "attempt", attempt, "retry_in", delay, "err", err)
+		c.retryLater(d, delay)
+	}
+}
+
+// retryLater hands d back to the broker for redelivery after delay.
+func (c *Consumer) retryLater(d *Delivery, delay time.Duration) {
+	_ = d.raw.NakWithDelay(delay)
+	c.observe(OutcomeFailed, 1, 0)
+}
+
+// deadLetter files d in idem_dead_letters with reason, then terminates it on the
+// broker. If the row cannot be written the message is not terminated but naked, so
+// it is never dropped without a trace.
+func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
+	headers, _ := json.Marshal(d.Headers)
+	var seq *int64
+	if d.StreamSeq > 0 {
+		s := int64(d.StreamSeq)
+		seq = &s
+	}
+	if _, err := c.pool.Exec(ctx, c.q.insertDeadLetter, c.cfg.Name, d.Key, d.Subject, headers, d.Payload, reason, d.Deliveries, seq); err != nil {
+		c.log.ErrorContext(ctx, "dead letter could not be written; message left for redelivery", "key", d.Key, "reason", reason, "err", err)
+		c.retryLater(d, c.cfg.Backoff(d.Deliveries))
+		return
+	}
+	c.log.WarnContext(ctx, "message dead-lettered", "key", d.Key, "reason", reason, "deliveries", d.Deliveries, "stream_seq", d.StreamSeq)
+	if err := d.raw.TermWithReason(truncate(reason, 200)); err != nil {
+		c.log.WarnContext(ctx, "terminate failed; the redelivery will be dead-lettered again (once)", "key", d.Key, "err", err)
+	}
+	c.observe(OutcomeDeadLettered, 1, 0)
+}
+
+func (c *Consumer) observe(outcome string, n int, took time.Duration) {
+	if n > 0 {
+		c.cfg.Observer.Observe(idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: outcome, Count: n, Duration: took})
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// every runs tick every interval in its own goroutine until tick returns false,
+// ctx ends or stop is called. stop waits for the goroutine, so no tick runs after
+// it returns (no heartbeat after the ack, no lease extension after completion).
+func every(ctx context.Context, interval time.Duration, tick func() (again bool)) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if !tick() {
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}

@@ -1,0 +1,252 @@
+package dedupe_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testenv"
+)
+
+const claimConsumer = "charges"
+
+// claim runs one Claim in its own transaction and commits it.
+func claim(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claims ...dedupe.Claim) map[string]dedupe.Verdict {
+	t.Helper()
+	var out map[string]dedupe.Verdict
+	err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = in.Claim(context.Background(), tx, consumer, claims, time.Hour)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Claim: %v", err)
+	}
+	return out
+}
+
+func check(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claims ...dedupe.Claim) map[string]dedupe.Verdict {
+	t.Helper()
+	out, err := in.Check(context.Background(), db.Pool, consumer, claims)
+	if err != nil {
+		t.Fatalf("Check: %v", err)
+	}
+	return out
+}
+
+func wantVerdicts(t *testing.T, what string, got, want map[string]dedupe.Verdict) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("%s: %d verdicts %v, want %v", what, len(got), got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %q is %s, want %s", what, k, got[k], v)
+		}
+	}
+}
+
+// The verdicts of Claim and Check, in one schema: a new key is Fresh (once), the
+// same key and payload again a Duplicate, the same key with another payload a
+// Mismatch; Check claims nothing and says Absent of an unknown key; keys are per
+// consumer; a rolled-back claim leaves nothing behind.
+func TestInboxClaimVerdicts(t *testing.T) {
+	t.Parallel()
+	for _, schema := range []string{"", "inbox_test"} {
+		name := map[string]string{"": "public", "inbox_test": "inbox_test"}[schema]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.NewWith(t, pgtest.Options{Schema: schema})
+			in, err := dedupe.New(dedupe.Config{Schema: schema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			a, b := []byte("payload A"), []byte("payload B")
+
+			wantVerdicts(t, "first claim", claim(t, db, in, claimConsumer,
+				dedupe.Claim{Key: "k2", Payload: a}, dedupe.Claim{Key: "k1", Payload: a}),
+				map[string]dedupe.Verdict{"k1": dedupe.Fresh, "k2": dedupe.Fresh})
+			wantVerdicts(t, "second claim", claim(t, db, in, claimConsumer,
+				dedupe.Claim{Key: "k1", Payload: a}, dedupe.Claim{Key: "k2", Payload: b}, dedupe.Claim{Key: "k3", Payload: b}),
+				map[string]dedupe.Verdict{"k1": dedupe.Duplicate, "k2": dedupe.Mismatch, "k3": dedupe.Fresh})
+
+			// Check judges without claiming: k4 stays unknown afterwards.
+			wantVerdicts(t, "check", check(t, db, in, claimConsumer,
+				dedupe.Claim{Key: "k1", Payload: a}, dedupe.Claim{Key: "k2", Payload: b}, dedupe.Claim{Key: "k4", Payload: a}),
+				map[string]dedupe.Verdict{"k1": dedupe.Duplicate, "k2": dedupe.Mismatch, "k4": dedupe.Absent})
+			wantVerdicts(t, "check again", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k4", Payload: a}),
+				map[string]dedupe.Verdict{"k4": dedupe.Absent})
+
+			// Another consumer has its own key space.
+			wantVerdicts(t, "other consumer", claim(t, db, in, "emails", dedupe.Claim{Key: "k1", Payload: b}),
+				map[string]dedupe.Verdict{"k1": dedupe.Fresh})
+
+			// A claim that rolls back (the effect failed) is forgotten with it.
+			tx, err := db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k5", Payload: a}}, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantVerdicts(t, "claim before rollback", got, map[string]dedupe.Verdict{"k5": dedupe.Fresh})
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			wantVerdicts(t, "after rollback", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k5", Payload: a}),
+				map[string]dedupe.Verdict{"k5": dedupe.Absent})
+
+			// Results are stored on fresh keys and read back by Lookup.
+			err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				if _, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k6", Payload: a}}, time.Hour); err != nil {
+					return err
+				}
+				return in.SetResults(ctx, tx, claimConsumer, map[string][]byte{"k6": []byte(`"first"`)})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs, err := in.Lookup(ctx, db.Pool, claimConsumer, []string{"k6", "k-none"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r, ok := recs["k6"]; !ok || string(r.Result) != `"first"` || r.Status != dedupe.StatusDone || !r.Matches(a) || r.Matches(b) {
+				t.Errorf("Lookup(k6) = %+v (found %v), want done with the first result and payload A's fingerprint", r, ok)
+			}
+			if _, ok := recs["k-none"]; ok || len(recs) != 1 {
+				t.Errorf("Lookup returned %d records, want only k6", len(recs))
+			}
+
+			// Every row is in the configured schema, none anywhere else.
+			where := schema
+			if where == "" {
+				where = "public"
+			}
+			if n := db.Count(t, `SELECT count(*) FROM `+where+`.idem_inbox`); n != 5 {
+				t.Errorf("%s.idem_inbox holds %d rows, want 5 (k1 twice, k2, k3, k6)", where, n)
+			}
+			if schema != "" {
+				if n := db.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename = 'idem_inbox'`); n != 0 {
+					t.Errorf("public.idem_inbox exists: the inbox is not confined to its schema")
+				}
+			}
+		})
+	}
+}
+
+// An inbox of one schema does not read or write another's table: the default
+// inbox on a database migrated into another schema finds no idem_inbox.
+func TestInboxSchemaIsQualified(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{Schema: "inbox_test"})
+	public, err := dedupe.New(dedupe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+		_, err := public.Claim(context.Background(), tx, claimConsumer, []dedupe.Claim{{Key: "k", Payload: []byte("x")}}, time.Hour)
+		return err
+	})
+	if err == nil {
+		t.Fatal("the public inbox claimed on a database whose idem tables live in inbox_test")
+	}
+	if _, err := dedupe.New(dedupe.Config{Schema: "Not-A-Schema"}); err == nil {
+		t.Error("New accepted an invalid schema name")
+	}
+}
+
+// Two transactions claim the same key at once: the second waits for the first and
+// sees the key Duplicate when it commits, Fresh when it rolls back. Exactly one of
+// them ever owns the key.
+func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
+	t.Parallel()
+	for _, firstCommits := range []bool{true, false} {
+		name := map[bool]string{true: "first commits", false: "first rolls back"}[firstCommits]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			db := pgtest.New(t)
+			in, err := dedupe.New(dedupe.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			cl := []dedupe.Claim{{Key: "k-race", Payload: []byte("x")}}
+
+			first, err := db.Pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer first.Rollback(ctx) //nolint:errcheck // a no-op once ended
+			got, err := in.Claim(ctx, first, claimConsumer, cl, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantVerdicts(t, "first", got, map[string]dedupe.Verdict{"k-race": dedupe.Fresh})
+
+			type result struct {
+				v   map[string]dedupe.Verdict
+				err error
+			}
+			second := make(chan result, 1)
+			go func() {
+				var r result
+				r.err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+					var err error
+					r.v, err = in.Claim(ctx, tx, claimConsumer, cl, time.Hour)
+					return err
+				})
+				second <- r
+			}()
+			testenv.Eventually(t, 45*time.Second, "the second claim to wait on the first", func() bool {
+				return db.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1
+			})
+			want := dedupe.Duplicate
+			if firstCommits {
+				err = first.Commit(ctx)
+			} else {
+				err = first.Rollback(ctx)
+				want = dedupe.Fresh
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r result
+			select {
+			case r = <-second:
+			case <-time.After(45 * time.Second):
+				t.Fatal("the second claim never returned")
+			}
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			wantVerdicts(t, "second", r.v, map[string]dedupe.Verdict{"k-race": want})
+			if n := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-race'`); n != 1 {
+				t.Errorf("inbox rows = %d, want 1", n)
+			}
+		})
+	}
+}
+
+func TestInboxClaimNothing(t *testing.T) {
+	t.Parallel()
+	in, err := dedupe.New(dedupe.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No keys, no statement: a nil transaction is never touched.
+	got, err := in.Claim(context.Background(), nil, claimConsumer, nil, time.Hour)
+	if err != nil || len(got) != 0 {
+		t.Fatalf("Claim(no keys) = %v, %v; want an empty map", got, err)
+	}
+	for v, s := range map[dedupe.Verdict]string{dedupe.Fresh: "fresh", dedupe.Duplicate: "duplicate", dedupe.Mismatch: "mismatch", dedupe.Absent: "absent"} {
+		if v.String() != s {
+			t.Errorf("%d.String() = %q, want %q", int(v), v.String(), s)
+		}
+	}
+}

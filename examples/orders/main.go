@@ -1,0 +1,72 @@
+// Command orders is the smallest complete idem service: a user's order API on their
+// own stream and tables. The README's "Use idem in your service" shows this file.
+package main
+
+import (
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"os"
+	"os/signal"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/worker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	check(err)
+	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	check(err)
+	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (key text, body bytea);
+		CREATE TABLE IF NOT EXISTS shipments (key text, body bytea)`)
+	check(err)
+
+	// The effect: one shipment per order, written inside the inbox transaction.
+	ship := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, d.Key, d.Payload)
+		return nil, err
+	}
+	w, err := worker.New(pool, nc, worker.Config{
+		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship)}},
+		Ingress:   &producer.Config{},
+	})
+	check(err)
+	check(w.Start(ctx)) // migrates idem's tables; refuses to start if a key could be forgotten too early
+
+	// The intent: the order row and its message commit together, once per Idempotency-Key.
+	createOrder := func(rw http.ResponseWriter, r *http.Request) {
+		in, _ := producer.IntentFrom(r.Context())
+		body, _ := io.ReadAll(r.Body)
+		if _, err := in.Tx.Exec(r.Context(), `INSERT INTO orders VALUES ($1, $2)`, in.ScopedKey(), body); err != nil {
+			http.Error(rw, err.Error(), http.StatusInternalServerError) // a 5xx rolls back; the retry runs again
+			return
+		}
+		if err := in.Enqueue(r.Context(), "orders.created", body, nil); err != nil {
+			http.Error(rw, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		rw.WriteHeader(http.StatusAccepted)
+	}
+	http.Handle("POST /orders", w.Ingress().Wrap(http.HandlerFunc(createOrder)))
+	http.Handle("GET /readyz", w.ReadyHandler())
+	go func() { log.Fatal(http.ListenAndServe(os.Getenv("ADDR"), nil)) }()
+	<-ctx.Done()
+	check(w.Stop(context.Background())) // in-flight batches commit and ack
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,214 @@
+package idem_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/idemkit/idem"
+)
+
+func TestParseKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		want error
+	}{
+		{"01936b2e-1c2f-7a3b-8000-000000000000", nil},
+		{"k", nil},
+		{"a key with spaces inside", nil},
+		{strings.Repeat("x", idem.MaxKeyLen), nil},
+		{"", idem.ErrMissingKey},
+		{"   ", idem.ErrMalformedKey},
+		{strings.Repeat("x", idem.MaxKeyLen+1), idem.ErrMalformedKey},
+		{"tab\tkey", idem.ErrMalformedKey},
+		{"k\x1fk", idem.ErrMalformedKey},
+		{"clé", idem.ErrMalformedKey},
+	} {
+		k, err := idem.ParseKey(tc.in)
+		switch {
+		case tc.want == nil && err != nil:
+			t.Errorf("ParseKey(%q) = %v, want ok", tc.in, err)
+		case tc.want == nil && string(k) != tc.in:
+			t.Errorf("ParseKey(%q) = %q", tc.in, k)
+		case tc.want != nil && !errors.Is(err, tc.want):
+			t.Errorf("ParseKey(%q) error = %v, want %v", tc.in, err, tc.want)
+		}
+	}
+}
+
+func TestNewKeyIsValidAndFresh(t *testing.T) {
+	t.Parallel()
+	seen := map[idem.Key]bool{}
+	for range 1000 {
+		k := idem.NewKey()
+		if _, err := idem.ParseKey(string(k)); err != nil {
+			t.Fatalf("NewKey() = %q is not a valid key: %v", k, err)
+		}
+		if seen[k] {
+			t.Fatalf("NewKey() repeated %q", k)
+		}
+		seen[k] = true
+	}
+}
+
+func TestScopedKeyRoundTripAndIsolation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		scope string
+		key   idem.Key
+	}{{"", "k"}, {"tenant-a", "k"}, {"tenant b", "01936b2e"}, {"t", "k with spaces"}} {
+		s := idem.ScopedKey(tc.scope, tc.key)
+		scope, key, err := idem.ParseScopedKey(s)
+		if err != nil || scope != tc.scope || key != tc.key {
+			t.Errorf("ParseScopedKey(ScopedKey(%q, %q)) = %q, %q, %v", tc.scope, tc.key, scope, key, err)
+		}
+	}
+	if idem.ScopedKey("a", "k") == idem.ScopedKey("b", "k") || idem.ScopedKey("a", "k") == "k" {
+		t.Fatal("two scopes, or a scope and no scope, share a scoped key")
+	}
+}
+
+func TestParseScopedKeyRejects(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in   string
+		want error
+	}{
+		{"", idem.ErrMissingKey},
+		{"\x1fk", idem.ErrMalformedKey},      // empty scope before the separator
+		{"tenant\x1f", idem.ErrMalformedKey}, // empty key after it
+		{"a\x1fb\x1fc", idem.ErrMalformedKey},
+		{"t\x1f\x00", idem.ErrMalformedKey},
+		{strings.Repeat("s", idem.MaxKeyLen+1) + "\x1fk", idem.ErrMalformedKey},
+	} {
+		if _, _, err := idem.ParseScopedKey(tc.in); !errors.Is(err, tc.want) {
+			t.Errorf("ParseScopedKey(%q) error = %v, want %v", tc.in, err, tc.want)
+		}
+	}
+}
+
+// Every valid (scope, key) pair survives the join, and nothing ParseScopedKey
+// accepts fails to re-join into the same bytes: the wire identity is a bijection.
+func FuzzScopedKey(f *testing.F) {
+	f.Add("", "k")
+	f.Add("tenant", "01936b2e-1c2f-7a3b-8000-000000000000")
+	f.Add("t\x1fx", "k")
+	f.Fuzz(func(t *testing.T, scope, key string) {
+		if idem.ValidateScope(scope) != nil {
+			return
+		}
+		if _, err := idem.ParseKey(key); err != nil {
+			return
+		}
+		s := idem.ScopedKey(scope, idem.Key(key))
+		gotScope, gotKey, err := idem.ParseScopedKey(s)
+		if err != nil || gotScope != scope || string(gotKey) != key {
+			t.Fatalf("round trip of (%q, %q) via %q = (%q, %q, %v)", scope, key, s, gotScope, gotKey, err)
+		}
+		if gotScope, gotKey, err := idem.ParseScopedKey(scope + key); err == nil && idem.ScopedKey(gotScope, gotKey) != scope+key {
+			t.Fatalf("ParseScopedKey(%q) accepted a form ScopedKey does not produce", scope+key)
+		}
+	})
+}
+
+func TestMsgIDSeparatesSubjectsAndScopes(t *testing.T) {
+	t.Parallel()
+	ids := map[string]bool{}
+	for _, subject := range []string{"orders.created", "orders.created.eu", "mail.send"} {
+		for _, scoped := range []string{"k", idem.ScopedKey("t1", "k"), idem.ScopedKey("t2", "k")} {
+			id := idem.MsgID(subject, scoped)
+			if ids[id] {
+				t.Fatalf("MsgID(%q, %q) = %q collides", subject, scoped, id)
+			}
+			ids[id] = true
+		}
+	}
+}
+
+func TestValidateSubjectAndFilter(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		s               string
+		literal, filter bool
+	}{
+		{"orders.created", true, true},
+		{"idem.payments.charge", true, true},
+		{"a", true, true},
+		{"orders.>", false, true},
+		{"orders.*.eu", false, true},
+		{">", false, true},
+		{"orders.>.x", false, false},
+		{"", false, false},
+		{"orders.", false, false},
+		{".orders", false, false},
+		{"orders..created", false, false},
+		{"orders created", false, false},
+		{"orders.cre*ted", false, false},
+		{"orders.\tx", false, false},
+		{"orders.é", false, false},
+	} {
+		if err := idem.ValidateSubject(tc.s); (err == nil) != tc.literal || (err != nil && !errors.Is(err, idem.ErrBadSubject)) {
+			t.Errorf("ValidateSubject(%q) = %v, want ok=%v", tc.s, err, tc.literal)
+		}
+		if err := idem.ValidateFilter(tc.s); (err == nil) != tc.filter {
+			t.Errorf("ValidateFilter(%q) = %v, want ok=%v", tc.s, err, tc.filter)
+		}
+	}
+}
+
+func TestSubjectMatches(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		filter, subject string
+		want            bool
+	}{
+		{"orders.>", "orders.created", true},
+		{"orders.>", "orders.created.eu", true},
+		{"orders.>", "orders", false},
+		{"orders.*", "orders.created", true},
+		{"orders.*", "orders.created.eu", false},
+		{"orders.*.eu", "orders.created.eu", true},
+		{"orders.created", "orders.created", true},
+		{"orders.created", "orders.created.eu", false},
+		{">", "anything.at.all", true},
+		{"idem.>", "orders.created", false},
+	} {
+		if got := idem.SubjectMatches(tc.filter, tc.subject); got != tc.want {
+			t.Errorf("SubjectMatches(%q, %q) = %v, want %v", tc.filter, tc.subject, got, tc.want)
+		}
+	}
+	if !idem.SubjectUnder([]string{"a.>", "orders.>"}, "orders.x") || idem.SubjectUnder([]string{"a.>"}, "orders.x") {
+		t.Error("SubjectUnder")
+	}
+}
+
+func TestObserversChain(t *testing.T) {
+	t.Parallel()
+	if idem.Observers(nil, nil) != nil {
+		t.Fatal("Observers of nothing is not nil")
+	}
+	var got []string
+	o := idem.Observers(
+		func(e idem.Event) { got = append(got, "a:"+e.Outcome) },
+		nil,
+		func(e idem.Event) { got = append(got, "b:"+e.Outcome) },
+	)
+	o.Observe(idem.Event{Outcome: "x"})
+	idem.Observer(nil).Observe(idem.Event{}) // a nil observer is inert
+	if strings.Join(got, ",") != "a:x,b:x" {
+		t.Fatalf("calls = %v", got)
+	}
+}
+
+func TestValidateHeader(t *testing.T) {
+	t.Parallel()
+	if err := idem.ValidateHeader("traceparent", "00-abc-def-01"); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][2]string{{"", "v"}, {"a b", "v"}, {"a:b", "v"}, {"é", "v"}, {"h", "line\r\nInjected: x"}, {"h", "a\nb"}} {
+		if err := idem.ValidateHeader(bad[0], bad[1]); err == nil {
+			t.Errorf("ValidateHeader(%q, %q) accepted", bad[0], bad[1])
+		}
+	}
+}

@@ -1,0 +1,209 @@
+package idemtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/outbox"
+)
+
+// Timings the kit gives a Case's consumer where the user left them zero, so that a
+// check runs in seconds: the crash-after-commit scenario waits one AckWait for the
+// redelivery, the external takeover one LeaseFor more.
+const (
+	ShortAckWait  = time.Second
+	ShortLeaseFor = time.Second
+	ShortBackoff  = 50 * time.Millisecond
+)
+
+// DefaultTimeout bounds each wait of a check (Case.Timeout's default). A wait that
+// runs out fails its scenario; the check does not hang.
+const DefaultTimeout = 30 * time.Second
+
+// DefaultStream is the stream a check creates when neither Case.Stream.Name nor
+// Case.Consumer.Stream names one.
+const DefaultStream = "IDEMTEST"
+
+// Case is one handler to check: the user's consumer and one message of the kind it
+// consumes.
+type Case struct {
+	// Consumer is the user's consumer: Name, Subject and exactly one of Handler,
+	// BatchHandler and External. The kit fills in Stream (see Stream) and Schema
+	// (the Env's) when they are empty, and shortens AckWait, Backoff and LeaseFor
+	// when they are zero (ShortAckWait, ShortBackoff, ShortLeaseFor). Its Logger
+	// defaults to discarding; set one to see the consumer's log. Its Observer, if
+	// set, still receives every event.
+	Consumer consumer.Config
+	// Stream is the JetStream stream the check creates for its messages, and
+	// deletes when it ends. Name defaults to Consumer.Stream, else DefaultStream;
+	// Subjects to []string{Consumer.Subject}. It must not exist on the Env yet.
+	Stream outbox.StreamConfig
+	// Message is what the producer would send: Subject (a literal subject the
+	// consumer's filter matches) and Payload are required; Key defaults to a fresh
+	// idem.NewKey() (it may be a scoped key, see idem.ScopedKey); Headers travel
+	// with every copy, and must not set Idempotency-Key or Nats-Msg-Id, which the
+	// kit sets as the relay would.
+	Message idem.Message
+	// Changed is the payload of the "same key, changed payload" scenario (default:
+	// Payload with one byte appended). It must differ from Payload.
+	Changed []byte
+	// PayloadFor returns the payload sent under a fresh key: the two crash scenarios
+	// each need a key whose effect has not happened yet. The default is
+	// Message.Payload; set PayloadFor when the handler refuses one payload under two
+	// keys (a unique order id inside the payload, say).
+	PayloadFor func(key string) []byte
+	// Effects counts the handler's effects for a scoped key: rows of the user's
+	// table for an in-transaction handler, the downstream's executions (a fake's
+	// count) for an External. Required: this count is what the check asserts.
+	Effects func(ctx context.Context, pool *pgxpool.Pool, key string) (int, error)
+	// Timeout bounds each wait (default DefaultTimeout).
+	Timeout time.Duration
+}
+
+// plan is a validated Case with its defaults filled in and its keys minted.
+type plan struct {
+	cfg      consumer.Config
+	stream   outbox.StreamConfig
+	msg      idem.Message
+	changed  []byte
+	external bool
+	timeout  time.Duration
+	effects  func(ctx context.Context, pool *pgxpool.Pool, key string) (int, error)
+	// keyBefore and keyAfter are the fresh keys of the crash scenarios (before
+	// and after the commit, or the effect's outcome); payloads maps each key to
+	// the payload sent under it.
+	keyBefore, keyAfter string
+	payloads            map[string][]byte
+}
+
+// newPlan validates c against env and fills in the defaults. Every error names the
+// Case field at fault.
+func newPlan(env *Env, c Case) (*plan, error) {
+	switch {
+	case env == nil:
+		return nil, errors.New("idemtest: nil Env (use Start or New)")
+	case c.Effects == nil:
+		return nil, errors.New("idemtest: Case.Effects is required: the check asserts the count of effects it returns for a key")
+	case c.Message.Subject == "":
+		return nil, errors.New("idemtest: Case.Message.Subject is required")
+	case len(c.Message.Payload) == 0:
+		return nil, errors.New("idemtest: Case.Message.Payload is required (the changed-payload scenario needs one to change)")
+	case c.Changed != nil && bytes.Equal(c.Changed, c.Message.Payload):
+		return nil, errors.New("idemtest: Case.Changed equals Case.Message.Payload; it must differ, or be nil for the default")
+	case c.Timeout < 0:
+		return nil, errors.New("idemtest: Case.Timeout must not be negative")
+	}
+	if err := idem.ValidateSubject(c.Message.Subject); err != nil {
+		return nil, fmt.Errorf("idemtest: Case.Message.Subject: %w", err)
+	}
+	for name, v := range c.Message.Headers {
+		if name == idem.HeaderKey || name == idem.HeaderMsgID {
+			return nil, fmt.Errorf("idemtest: Case.Message.Headers: %s is set by the kit, as the relay sets it; do not set it", name)
+		}
+		if err := idem.ValidateHeader(name, v); err != nil {
+			return nil, fmt.Errorf("idemtest: Case.Message.Headers: %w", err)
+		}
+	}
+
+	p := &plan{msg: c.Message, changed: c.Changed, effects: c.Effects, timeout: c.Timeout, external: c.Consumer.External != nil}
+	if p.timeout == 0 {
+		p.timeout = DefaultTimeout
+	}
+	if p.changed == nil {
+		p.changed = append(bytes.Clone(c.Message.Payload), '!')
+	}
+	scope := ""
+	if p.msg.Key == "" {
+		p.msg.Key = string(idem.NewKey())
+	} else {
+		var err error
+		if scope, _, err = idem.ParseScopedKey(p.msg.Key); err != nil {
+			return nil, fmt.Errorf("idemtest: Case.Message.Key: %w", err)
+		}
+	}
+	// The fresh keys keep the user's scope: a handler may read it.
+	p.keyBefore = idem.ScopedKey(scope, idem.NewKey())
+	p.keyAfter = idem.ScopedKey(scope, idem.NewKey())
+	p.payloads = map[string][]byte{p.msg.Key: p.msg.Payload}
+	for _, k := range []string{p.keyBefore, p.keyAfter} {
+		p.payloads[k] = p.msg.Payload
+		if c.PayloadFor != nil {
+			if p.payloads[k] = c.PayloadFor(k); len(p.payloads[k]) == 0 {
+				return nil, errors.New("idemtest: Case.PayloadFor returned an empty payload")
+			}
+		}
+	}
+
+	if err := p.fillConsumer(env, c); err != nil {
+		return nil, err
+	}
+	if err := p.fillStream(c.Stream); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *plan) fillConsumer(env *Env, c Case) error {
+	cfg := c.Consumer
+	switch {
+	case cfg.Schema == "":
+		cfg.Schema = env.Schema
+	case pgschema.Name(cfg.Schema) != env.Schema:
+		return fmt.Errorf("idemtest: Case.Consumer.Schema is %q but the Env's idem tables are in %q (leave it empty)", cfg.Schema, env.Schema)
+	}
+	switch {
+	case c.Stream.Name != "" && cfg.Stream != "" && c.Stream.Name != cfg.Stream:
+		return fmt.Errorf("idemtest: Case.Stream.Name %q and Case.Consumer.Stream %q differ", c.Stream.Name, cfg.Stream)
+	case c.Stream.Name != "":
+		cfg.Stream = c.Stream.Name
+	case cfg.Stream == "":
+		cfg.Stream = DefaultStream
+	}
+	if cfg.AckWait == 0 {
+		cfg.AckWait = ShortAckWait
+	}
+	if cfg.Backoff == nil {
+		cfg.Backoff = func(int) time.Duration { return ShortBackoff }
+	}
+	if cfg.LeaseFor == 0 {
+		cfg.LeaseFor = ShortLeaseFor
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	// consumer.New validates the rest (Name, Subject, one handler, sizes) without
+	// touching the broker.
+	if _, err := consumer.New(env.Pool, env.JS, cfg); err != nil {
+		return fmt.Errorf("idemtest: Case.Consumer: %w", err)
+	}
+	if !idem.SubjectMatches(cfg.Subject, p.msg.Subject) {
+		return fmt.Errorf("idemtest: Case.Message.Subject %q is not matched by Case.Consumer.Subject %q: the consumer would never see it",
+			p.msg.Subject, cfg.Subject)
+	}
+	p.cfg = cfg
+	return nil
+}
+
+func (p *plan) fillStream(s outbox.StreamConfig) error {
+	s.Name = p.cfg.Stream
+	if len(s.Subjects) == 0 {
+		s.Subjects = []string{p.cfg.Subject}
+	}
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("idemtest: Case.Stream: %w", err)
+	}
+	if !idem.SubjectUnder(s.Subjects, p.msg.Subject) {
+		return fmt.Errorf("idemtest: Case.Message.Subject %q is outside Case.Stream.Subjects %q", p.msg.Subject, s.Subjects)
+	}
+	p.stream = s
+	return nil
+}

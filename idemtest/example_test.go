@@ -1,0 +1,59 @@
+package idemtest_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/idemtest"
+)
+
+// A well-behaved handler writes one row of its own table through the transaction
+// it is given; every scenario leaves exactly one row for the key.
+func Example() {
+	ctx := context.Background()
+	env, err := idemtest.Start(ctx, idemtest.Config{
+		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+			_, err := pool.Exec(ctx, `CREATE TABLE shipments (key text NOT NULL, payload bytea NOT NULL)`)
+			return err
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer env.Close()
+
+	ship := consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (key, payload) VALUES ($1, $2)`, d.Key, d.Payload)
+		return nil, err
+	})
+	report, err := idemtest.Check(ctx, env, idemtest.Case{
+		Consumer: consumer.Config{Name: "shipping", Subject: "orders.paid", Handler: ship},
+		Message:  idem.Message{Subject: "orders.paid", Payload: []byte(`{"order":42}`)},
+		Effects: func(ctx context.Context, pool *pgxpool.Pool, key string) (n int, err error) {
+			err = pool.QueryRow(ctx, `SELECT count(*) FROM shipments WHERE key = $1`, key).Scan(&n)
+			return n, err
+		},
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, s := range report.Scenarios {
+		fmt.Printf("%s: %d\n", s.Name, s.Effects)
+	}
+	fmt.Println("exactly once:", report.OK())
+	// Output:
+	// first delivery: 1
+	// crash after the effect, before commit: 1
+	// crash after commit, before ack: 1
+	// broker redelivery of the same stream message: 1
+	// re-sent with a new Nats-Msg-Id: 1
+	// same key, changed payload: 1
+	// exactly once: true
+}

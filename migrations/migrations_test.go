@@ -1,0 +1,110 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/migrations"
+)
+
+func tablesIn(t *testing.T, db *pgtest.DB, schema string) int {
+	t.Helper()
+	return db.Count(t, `SELECT count(*) FROM information_schema.tables WHERE table_schema = $1 AND table_name LIKE 'idem\_%'`, schema)
+}
+
+// Ten workers migrating one empty database at once: the advisory lock serialises
+// them, every version is applied once, and all of them succeed.
+func TestConcurrentApply(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		ran int
+	)
+	for range 10 {
+		wg.Go(func() {
+			applied, err := migrations.Apply(context.Background(), db.Pool, migrations.Config{})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			ran += len(applied)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if ran != len(all) {
+		t.Errorf("%d files applied across 10 migrators, want each of the %d once", ran, len(all))
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_schema_migrations`); n != len(all) {
+		t.Errorf("versions recorded = %d, want %d", n, len(all))
+	}
+	if err := migrations.Check(context.Background(), db.Pool, migrations.Config{}); err != nil {
+		t.Errorf("Check after Apply: %v", err)
+	}
+}
+
+// A schema of the user's choosing gets every table; public gets none.
+func TestApplyIntoASchema(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	if _, err := migrations.Apply(context.Background(), db.Pool, migrations.Config{Schema: "billing_idem"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := tablesIn(t, db, "billing_idem"); n < 5 {
+		t.Errorf("billing_idem holds %d idem tables, want the 4 tables and the version table", n)
+	}
+	if n := tablesIn(t, db, "public"); n != 0 {
+		t.Errorf("public holds %d idem tables, want none", n)
+	}
+	if err := migrations.Check(context.Background(), db.Pool, migrations.Config{}); !errors.Is(err, migrations.ErrNotMigrated) {
+		t.Errorf("Check of public = %v, want ErrNotMigrated", err)
+	}
+	if _, err := migrations.Apply(context.Background(), db.Pool, migrations.Config{Schema: "Billing"}); err == nil {
+		t.Error("a schema name that is not a lower-case identifier was accepted")
+	}
+}
+
+// The printed SQL, run by another tool, leaves nothing for Apply to do.
+func TestSQLIsWhatApplyWouldDo(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	if err := migrations.Check(ctx, db.Pool, migrations.Config{Schema: "ext"}); !errors.Is(err, migrations.ErrNotMigrated) || !strings.Contains(err.Error(), "worker migrate") {
+		t.Errorf("Check of an empty database = %v, want ErrNotMigrated naming the way out", err)
+	}
+	sql, err := migrations.SQL(migrations.Config{Schema: "ext"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`CREATE SCHEMA IF NOT EXISTS "ext"`, "CREATE TABLE IF NOT EXISTS idem_inbox", "INSERT INTO idem_schema_migrations"} {
+		if !strings.Contains(sql, want) {
+			t.Errorf("SQL lacks %q", want)
+		}
+	}
+	// Simple protocol: the script is several statements, as psql would send it.
+	if _, err := db.Pool.Exec(ctx, sql); err != nil {
+		t.Fatalf("running the printed SQL: %v", err)
+	}
+	if err := migrations.Check(ctx, db.Pool, migrations.Config{Schema: "ext"}); err != nil {
+		t.Errorf("Check after the printed SQL: %v", err)
+	}
+	applied, err := migrations.Apply(ctx, db.Pool, migrations.Config{Schema: "ext"})
+	if err != nil || len(applied) != 0 {
+		t.Errorf("Apply after the printed SQL applied %v (%v), want nothing", applied, err)
+	}
+	// Running it twice is harmless.
+	if _, err := db.Pool.Exec(ctx, sql); err != nil {
+		t.Errorf("running the printed SQL again: %v", err)
+	}
+}

@@ -1,0 +1,186 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgschema"
+)
+
+// Config configures an Outbox. The zero value of every field means its default.
+type Config struct {
+	// Schema is the Postgres schema holding idem_outbox (default "public").
+	Schema string
+	// Subjects are the subject filters of the stream the relay publishes to, e.g.
+	// []string{"orders.>"}. Enqueue refuses a message whose subject matches none of
+	// them: no stream would store it, and it would be retried forever. Empty
+	// accepts any literal subject.
+	Subjects []string
+}
+
+func (c Config) validate() error {
+	if err := pgschema.Validate(c.Schema); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	for _, f := range c.Subjects {
+		if err := idem.ValidateFilter(f); err != nil {
+			return fmt.Errorf("outbox: Subjects: %w", err)
+		}
+	}
+	return nil
+}
+
+// Outbox writes messages into idem_outbox inside the caller's transactions. It holds
+// no connection and is safe for concurrent use.
+type Outbox struct {
+	cfg     Config
+	q       queries
+	channel string
+}
+
+// New returns an Outbox.
+func New(cfg Config) (*Outbox, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.Subjects = append([]string(nil), cfg.Subjects...)
+	return &Outbox{cfg: cfg, q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema)}, nil
+}
+
+// Enqueue writes msgs into the outbox inside the caller's transaction, in one
+// statement, so the messages exist if and only if the caller's business rows
+// commit. The relay is woken by a NOTIFY that Postgres delivers at commit.
+//
+// Each message's Key must be a scoped key (idem.ScopedKey; producer.Intent.Enqueue
+// stamps it for you), its Subject a literal subject under Config.Subjects, and its
+// Payload non-nil. Headers must be valid NATS headers and must not set
+// Idempotency-Key or Nats-Msg-Id: the relay derives both from key and subject, and a
+// caller's own Msg-Id would let the broker fold a different intent into this one.
+// The caller's trace context (traceparent) is added to the headers.
+//
+// After an error the transaction is aborted (or the message was refused before any
+// statement ran, in which case nothing was written); roll it back.
+func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...idem.Message) error {
+	return o.insert(ctx, tx, msgs, "")
+}
+
+// Republish enqueues msgs again, inside tx, under a new Msg-Id generation: each
+// Nats-Msg-Id becomes idem.MsgID(subject, key) + " " + generation, so the broker's
+// duplicate window does not fold it into the first publish, while every consumer's
+// inbox still folds it by key. It is how a dead letter is replayed. generation must
+// be a non-empty token (no spaces) unique to this republish.
+func (o *Outbox) Republish(ctx context.Context, tx pgx.Tx, generation string, msgs ...idem.Message) error {
+	if err := idem.ValidateSubject(generation); err != nil {
+		return fmt.Errorf("outbox: republish: generation %q must be a non-empty token without spaces", generation)
+	}
+	return o.insert(ctx, tx, msgs, generation)
+}
+
+func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, generation string) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	keys := make([]string, len(msgs))
+	subjects := make([]string, len(msgs))
+	msgIDs := make([]string, len(msgs))
+	headers := make([]string, len(msgs))
+	payloads := make([][]byte, len(msgs))
+	for i, m := range msgs {
+		if err := o.check(m); err != nil {
+			return fmt.Errorf("outbox: enqueue message %d: %w", i, err)
+		}
+		hj, err := json.Marshal(withTraceContext(ctx, m.Headers))
+		if err != nil {
+			return fmt.Errorf("outbox: enqueue: encode headers: %w", err)
+		}
+		keys[i], subjects[i], msgIDs[i] = m.Key, m.Subject, idem.MsgID(m.Subject, m.Key)
+		if generation != "" {
+			msgIDs[i] += " " + generation
+		}
+		headers[i], payloads[i] = string(hj), m.Payload
+	}
+	if _, err := tx.Exec(ctx, o.q.enqueue, keys, subjects, msgIDs, headers, payloads); err != nil {
+		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	if _, err := tx.Exec(ctx, sqlNotify, o.channel); err != nil {
+		return fmt.Errorf("outbox: enqueue: notify: %w", err)
+	}
+	return nil
+}
+
+// check refuses, before anything is written, a message the broker could never take
+// or that would lose its identity on the way.
+func (o *Outbox) check(m idem.Message) error {
+	if _, _, err := idem.ParseScopedKey(m.Key); err != nil {
+		return err
+	}
+	if err := idem.ValidateSubject(m.Subject); err != nil {
+		return err
+	}
+	if len(o.cfg.Subjects) > 0 && !idem.SubjectUnder(o.cfg.Subjects, m.Subject) {
+		return fmt.Errorf("%w: %q is outside the stream's subjects %q", idem.ErrBadSubject, m.Subject, o.cfg.Subjects)
+	}
+	if m.Payload == nil {
+		return errors.New("nil payload")
+	}
+	for name, v := range m.Headers {
+		switch name {
+		case idem.HeaderKey, idem.HeaderMsgID:
+			return fmt.Errorf("header %s is set by the relay from the key and subject; do not set it", name)
+		}
+		if err := idem.ValidateHeader(name, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// withTraceContext adds the caller's W3C trace context (traceparent, tracestate) to
+// the message headers, so the consumer's span continues the producer's trace. The
+// caller's map is not modified.
+func withTraceContext(ctx context.Context, headers map[string]string) map[string]string {
+	h := make(map[string]string, len(headers)+2)
+	maps.Copy(h, headers)
+	if trace.SpanContextFromContext(ctx).IsValid() {
+		if _, set := h["traceparent"]; !set {
+			propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
+		}
+	}
+	return h
+}
+
+// Row is what Backlog needs of a pool, connection or transaction.
+type Row interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Backlog is the relay's queue at one moment.
+type Backlog struct {
+	// Pending counts rows not yet published.
+	Pending int64
+	// OldestCreatedAt is when the oldest unpublished row was written (nil when
+	// none is pending); OldestAge is how long ago, by the database's clock.
+	OldestCreatedAt *time.Time
+	OldestAge       time.Duration
+}
+
+// Backlog reads the outbox's queue: the one definition of "pending" and "oldest
+// unpublished" that metrics, stats and the console share.
+func (o *Outbox) Backlog(ctx context.Context, db Row) (Backlog, error) {
+	var b Backlog
+	var age float64
+	if err := db.QueryRow(ctx, o.q.backlog).Scan(&b.Pending, &b.OldestCreatedAt, &age); err != nil {
+		return Backlog{}, fmt.Errorf("outbox: backlog: %w", err)
+	}
+	b.OldestAge = time.Duration(age * float64(time.Second))
+	return b, nil
+}

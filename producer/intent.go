@@ -1,0 +1,54 @@
+package producer
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/outbox"
+)
+
+// Intent is what a handler wrapped by Middleware receives about its request: the
+// transaction every write must go through, and the intent's name.
+type Intent struct {
+	// Tx is the request's transaction. It commits with the stored response, or not
+	// at all. Do not commit or roll it back, and do not use it after the handler
+	// returns.
+	Tx pgx.Tx
+	// Scope is the request's Idempotency-Scope ("" for none).
+	Scope string
+	// Key is the request's Idempotency-Key.
+	Key idem.Key
+
+	outbox *outbox.Outbox
+}
+
+// ScopedKey is idem.ScopedKey(Scope, Key): the identity carried past the ingress,
+// so two tenants' identical keys stay two intents.
+func (i *Intent) ScopedKey() string { return idem.ScopedKey(i.Scope, i.Key) }
+
+// Enqueue writes a message of this intent into the outbox, inside the request's
+// transaction, stamped with the scoped key: it exists if and only if the request's
+// business rows and stored response commit. headers may be nil.
+func (i *Intent) Enqueue(ctx context.Context, subject string, payload []byte, headers map[string]string) error {
+	if i.outbox == nil {
+		return errors.New("producer: intent: no outbox")
+	}
+	return i.outbox.Enqueue(ctx, i.Tx, idem.Message{Key: i.ScopedKey(), Subject: subject, Payload: payload, Headers: headers})
+}
+
+type intentKey struct{}
+
+func withIntent(ctx context.Context, in *Intent) context.Context {
+	return context.WithValue(ctx, intentKey{}, in)
+}
+
+// IntentFrom returns the request's Intent inside a handler wrapped by Middleware;
+// ok is false outside it. A handler that finds none must not write: outside the
+// middleware's transaction nothing guarantees once.
+func IntentFrom(ctx context.Context) (in *Intent, ok bool) {
+	in, ok = ctx.Value(intentKey{}).(*Intent)
+	return in, ok && in != nil
+}

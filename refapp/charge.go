@@ -1,0 +1,70 @@
+package refapp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/consumer"
+)
+
+// Charge is the payload of idem.payments.charge: the body of POST /v1/payments.
+type Charge struct {
+	Account     string `json:"account"`
+	AmountCents int64  `json:"amount_cents"`
+}
+
+// DecodeCharge parses and validates a charge payload.
+func DecodeCharge(payload []byte) (Charge, error) {
+	var c Charge
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return c, fmt.Errorf("charge: decode: %w", err)
+	}
+	switch {
+	case c.Account == "":
+		return c, errors.New("charge: account is required")
+	case c.AmountCents <= 0:
+		return c, fmt.Errorf("charge: amount_cents must be positive, got %d", c.AmountCents)
+	}
+	return c, nil
+}
+
+// ChargeHandler writes one ledger_entries row per charge, inside the inbox
+// transaction: the charge is exactly once by construction. It handles a whole batch
+// with one INSERT.
+type ChargeHandler struct{}
+
+var _ consumer.BatchHandler = ChargeHandler{}
+
+const sqlInsertLedger = `
+INSERT INTO ledger_entries (idempotency_key, account, amount_cents)
+SELECT k, a, c FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY AS t(k, a, c, n)
+ORDER BY n`
+
+// HandleBatch implements consumer.BatchHandler. Its results are nil: nothing reads a
+// charge's stored result (a duplicate is acked, not answered), and a nil result
+// spares the inbox a second write of every claimed row (dedupe.SetResults skips
+// nil results).
+func (ChargeHandler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([][]byte, error) {
+	keys := make([]string, len(ds))
+	accounts := make([]string, len(ds))
+	amounts := make([]int64, len(ds))
+	for i, d := range ds {
+		c, err := DecodeCharge(d.Payload)
+		if err != nil {
+			// No retry fixes a payload that does not decode: dead-letter it.
+			return nil, consumer.BatchError(i, consumer.Permanent(err))
+		}
+		keys[i], accounts[i], amounts[i] = d.Key, c.Account, c.AmountCents
+	}
+	if _, err := tx.Exec(ctx, sqlInsertLedger, keys, accounts, amounts); err != nil {
+		return nil, fmt.Errorf("charge: insert ledger entries: %w", err)
+	}
+	return make([][]byte, len(ds)), nil
+}

@@ -1,0 +1,148 @@
+package refapp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/idemkit/idem/worker"
+)
+
+// Service is the running application: the worker (consumers, relay, retention) and
+// the HTTP server (the API when the ingress role is on, /healthz, /readyz,
+// /metrics).
+type Service struct {
+	worker *worker.Worker
+	http   *http.Server
+	ln     net.Listener
+	log    *slog.Logger
+	served sync.WaitGroup
+	errs   chan error
+}
+
+// Start runs the application on pool and nc, which stay the caller's. It binds the
+// HTTP address first, so that a busy port is found before any message is taken; then
+// it migrates the application's tables (unless NoMigrate) and starts the worker,
+// which migrates idem's, ensures the stream and checks the lifetime invariant.
+func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HTTPAddr == "" {
+		cfg.HTTPAddr = "127.0.0.1:8080"
+	}
+	wc, err := cfg.WorkerConfig()
+	if err != nil {
+		return nil, err
+	}
+	w, err := worker.New(pool, nc, wc)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := w.RegisterMetrics(reg); err != nil {
+		return nil, fmt.Errorf("refapp: metrics: %w", err)
+	}
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("refapp: listen on %s: %w", cfg.HTTPAddr, err)
+	}
+	if !cfg.NoMigrate {
+		if err := Migrate(ctx, pool); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
+	if err := w.Start(ctx); err != nil {
+		ln.Close()
+		return nil, err
+	}
+
+	mux := http.NewServeMux()
+	mux.Handle("GET /healthz", w.LiveHandler())
+	mux.Handle("GET /readyz", w.ReadyHandler())
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if mw := w.Ingress(); mw != nil {
+		mux.Handle("/v1/", traced(cfg.TracerProvider, Routes(mw, cfg.Logger)))
+	}
+	s := &Service{worker: w, ln: ln, log: cfg.Logger, errs: make(chan error, 1),
+		http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+			// Requests see the values Start's ctx carries (a trace, test fault
+			// points), not its cancellation.
+			BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}}
+	s.served.Add(1)
+	go func() {
+		defer s.served.Done()
+		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.errs <- fmt.Errorf("refapp: http: %w", err)
+		}
+	}()
+	cfg.Logger.InfoContext(ctx, "http listening", "addr", ln.Addr().String())
+	return s, nil
+}
+
+// Addr is the address the HTTP server listens on.
+func (s *Service) Addr() string { return s.ln.Addr().String() }
+
+// Worker is the application's worker.
+func (s *Service) Worker() *worker.Worker { return s.worker }
+
+// Failed delivers the first failure of the HTTP server or of a worker component:
+// the service cannot do its job any more and should be stopped (and its process
+// restarted by its supervisor).
+func (s *Service) Failed() <-chan error {
+	out := make(chan error, 1)
+	go func() {
+		select {
+		case err := <-s.errs:
+			out <- err
+		case <-s.worker.Done():
+			if err := s.worker.Err(); err != nil {
+				out <- err
+			}
+		}
+	}()
+	return out
+}
+
+// Shutdown stops accepting requests, lets requests in flight finish, then stops the
+// worker gracefully (in-flight batches commit and ack, the relay marks its batch).
+// If ctx ends first it returns ctx's error; unacked messages are redelivered later,
+// so nothing is lost either way. It returns a component failure, if one happened.
+func (s *Service) Shutdown(ctx context.Context) error {
+	herr := s.http.Shutdown(ctx)
+	s.served.Wait()
+	werr := s.worker.Stop(ctx)
+	return errors.Join(herr, werr)
+}
+
+// traced continues the caller's trace (traceparent) in a server span, so the outbox
+// rows written by the handler carry it on to the consumers.
+func traced(tp trace.TracerProvider, next http.Handler) http.Handler {
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	tracer := tp.Tracer("github.com/idemkit/idem/refapp")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+		ctx, span := tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}

@@ -1,0 +1,133 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/producer"
+)
+
+// DefaultClientResendHorizon is how long idem's client keeps re-sending a pending
+// intent with its key before it reports it expired (client.DefaultKeyLifetime).
+const DefaultClientResendHorizon = 24 * time.Hour
+
+// Config configures a Worker. Stream.Name and Stream.Subjects are required; the zero
+// value of every other field means its default, and every component's own zero
+// fields mean that component's defaults.
+type Config struct {
+	// Schema is the Postgres schema of the idem_* tables (default "public"). It is
+	// filled into every component below that leaves its own Schema empty.
+	Schema string
+	// NoMigrate skips applying idem's migrations at Start, for teams that run the
+	// SQL (migrations.SQL) with their own tool. Start then fails if the schema is
+	// missing.
+	NoMigrate bool
+
+	// Stream is the user's stream. Start creates it when absent (an existing one
+	// is left as its operator tuned it), and its real MaxAge enters the lifetime
+	// invariant. Its Subjects bound what the outbox accepts.
+	Stream outbox.StreamConfig
+
+	// Relay tunes the outbox relay; Schema and Stream are filled in.
+	Relay outbox.RelayConfig
+	// DisableRelay runs no relay in this worker (another process relays).
+	DisableRelay bool
+
+	// Consumers to run: in-transaction and external handlers alike. Stream and
+	// Schema are filled in where empty; Logger, TracerProvider and Observer are
+	// added to.
+	Consumers []consumer.Config
+
+	// Ingress, when set, makes Ingress() return an HTTP Idempotency-Key middleware
+	// built from it (Schema, Outbox, Logger and Observer filled in), and enters its
+	// key lifetime into the lifetime invariant. Nil for a worker that takes no HTTP
+	// requests.
+	Ingress *producer.Config
+
+	// Retention tunes the deletion of expired keys and published outbox rows.
+	Retention RetentionConfig
+	// DisableRetention runs no collector here (one per installation is enough).
+	DisableRetention bool
+
+	// ClientResendHorizon is how long clients keep re-sending a pending intent
+	// with the same key (default DefaultClientResendHorizon). Request and inbox key
+	// lifetimes must both exceed it.
+	ClientResendHorizon time.Duration
+
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// TracerProvider is given to consumers that have none (default: no tracing).
+	TracerProvider trace.TracerProvider
+	// Observer is told every event of every component, after the worker's own
+	// metrics (see RegisterMetrics).
+	Observer idem.Observer
+}
+
+// RetentionConfig tunes the collector. The zero value means the defaults.
+type RetentionConfig struct {
+	// BatchSize is the most rows one DELETE removes (default 1000): small batches
+	// hold row locks briefly and keep WAL bursts small.
+	BatchSize int
+	// Interval between collection rounds (default 1m).
+	Interval time.Duration
+	// Pause between batches of one round (default 0), to yield to the hot path.
+	Pause time.Duration
+}
+
+func (c RetentionConfig) withDefaults() RetentionConfig {
+	if c.BatchSize == 0 {
+		c.BatchSize = 1000
+	}
+	if c.Interval == 0 {
+		c.Interval = time.Minute
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if err := pgschema.Validate(c.Schema); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if err := c.Stream.Validate(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if c.ClientResendHorizon < 0 {
+		return errors.New("worker: ClientResendHorizon must not be negative")
+	}
+	if c.Retention.BatchSize < 0 || c.Retention.Interval < 0 || c.Retention.Pause < 0 {
+		return errors.New("worker: Retention values must not be negative")
+	}
+	names := map[string]bool{}
+	for _, cc := range c.Consumers {
+		if names[cc.Name] {
+			return fmt.Errorf("worker: two consumers are named %q", cc.Name)
+		}
+		names[cc.Name] = true
+		if cc.Stream != "" && cc.Stream != c.Stream.Name {
+			return fmt.Errorf("worker: consumer %s reads stream %s, not the worker's stream %s", cc.Name, cc.Stream, c.Stream.Name)
+		}
+		if cc.Schema != "" && pgschema.Name(cc.Schema) != pgschema.Name(c.Schema) {
+			return fmt.Errorf("worker: consumer %s uses schema %s, not the worker's %s", cc.Name, cc.Schema, pgschema.Name(c.Schema))
+		}
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.ClientResendHorizon == 0 {
+		c.ClientResendHorizon = DefaultClientResendHorizon
+	}
+	c.Retention = c.Retention.withDefaults()
+	return c
+}

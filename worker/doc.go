@@ -1,0 +1,56 @@
+// Package worker is idem's composition root: given a pgx pool, a NATS connection and
+// a Config, it runs everything a service needs to make its effects happen once per
+// intent, the way River's Client runs a job queue.
+//
+//	w, err := worker.New(pool, nc, worker.Config{
+//		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+//		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: ship}},
+//		Ingress:   &producer.Config{},
+//	})
+//	if err := w.Start(ctx); err != nil { ... }   // refuses to start on a broken invariant
+//	mux.Handle("POST /orders", w.Ingress().Wrap(createOrder))
+//	mux.Handle("GET /readyz", w.ReadyHandler())
+//	...
+//	w.Stop(shutdownCtx)                          // graceful: in-flight work commits and acks
+//
+// # What it runs
+//
+// Start applies idem's migrations (or, with NoMigrate, checks that someone did),
+// creates the stream when it is absent, and starts, each in its own goroutine:
+//
+//   - the consumers, in-transaction and external alike (package consumer);
+//   - the outbox relay, which publishes committed outbox rows to the stream
+//     (package outbox), unless DisableRelay;
+//   - the collector, which deletes expired inbox keys, request records and published
+//     outbox rows in small batches, unless DisableRetention.
+//
+// Several workers may share one installation and split these roles (two relays, three
+// consumer workers); the outbox and the inbox are built for it. A component that
+// fails stops the others: Done closes and Err names it, so a process can exit
+// non-zero and be restarted by its supervisor.
+//
+// # The lifetime invariant
+//
+// A key must be remembered longer than any window in which its intent can still
+// arrive, or a late arrival runs the effect a second time. Start reads the stream's
+// real MaxAge (an operator may have changed it), computes each consumer's
+// redelivery horizon (consumer.Config.RedeliveryHorizon) and takes the clients'
+// re-send horizon (Config.ClientResendHorizon), and refuses to start — naming the
+// numbers — unless, for every consumer, the inbox key lifetime exceeds all three,
+// and the request key lifetime of the ingress exceeds the clients' re-send horizon.
+// Lifetimes reports what was checked. Storage is bounded by retention, never by
+// shortening a lifetime.
+//
+// # Ingress
+//
+// With Config.Ingress set, Ingress returns the HTTP Idempotency-Key middleware
+// (package producer), bound to the worker's schema and to an outbox that accepts
+// only the stream's subjects. The HTTP server itself is the application's: the
+// worker offers its handlers (LiveHandler, ReadyHandler) and its metrics
+// (RegisterMetrics), and leaves listening, timeouts and routes to the service.
+//
+// # Observing
+//
+// Every component reports through one hook shape, idem.Observer. The worker feeds
+// its Prometheus metrics (RegisterMetrics) from it and then calls Config.Observer.
+package worker

@@ -1,0 +1,62 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// LiveHandler answers 200 while the process can answer at all: for a liveness probe
+// that restarts a wedged process, not one that waits for dependencies.
+func (w *Worker) LiveHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = rw.Write([]byte("ok\n"))
+	})
+}
+
+// ReadyHandler answers 200 only while the worker can do its work: started, no
+// component failed, Postgres answering, NATS connected. Otherwise 503, with one line
+// per problem that names the dependency but never echoes a driver's error (which
+// would show user, host and database to whoever can reach the port); the errors
+// are logged.
+func (w *Worker) ReadyHandler() http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		problems := w.Ready(r.Context())
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if len(problems) > 0 {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintln(rw, strings.Join(problems, "\n"))
+			return
+		}
+		_, _ = rw.Write([]byte("ready\n"))
+	})
+}
+
+// Ready returns what keeps the worker from being ready, or nil.
+func (w *Worker) Ready(ctx context.Context) []string {
+	var problems []string
+	w.mu.Lock()
+	started, failed := w.started, w.err
+	w.mu.Unlock()
+	switch {
+	case !started:
+		problems = append(problems, "worker: not started")
+	case failed != nil:
+		problems = append(problems, "worker: a component failed (see the log)")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := w.pool.Ping(ctx); err != nil {
+		w.log.WarnContext(ctx, "readiness: postgres does not answer", "err", err)
+		problems = append(problems, "postgres: not answering")
+	}
+	if st := w.nc.Status(); st != nats.CONNECTED {
+		problems = append(problems, "nats: "+strings.ToLower(st.String()))
+	}
+	return problems
+}

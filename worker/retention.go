@@ -1,0 +1,114 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgschema"
+)
+
+// Outcome of the collector's events (Component idem.ComponentCollector, Name the
+// table).
+const OutcomeDeleted = "deleted"
+
+// collector deletes expired rows from idem_inbox, idem_requests and idem_outbox
+// (published rows only) in bounded batches. Retention keeps storage in check; the
+// key lifetimes themselves are never shortened to do so.
+type collector struct {
+	pool    *pgxpool.Pool
+	cfg     RetentionConfig
+	log     *slog.Logger
+	observe idem.Observer
+	tables  []collectedTable
+}
+
+type collectedTable struct{ name, sql string }
+
+func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
+	c := &collector{pool: pool, cfg: cfg, log: log.With("component", "collector"), observe: observe}
+	for _, t := range sqlCollect {
+		c.tables = append(c.tables, collectedTable{t.name, pgschema.Qualify(schema, t.sql)})
+	}
+	return c
+}
+
+// run collects every Interval until ctx is cancelled.
+func (c *collector) run(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		if n, err := c.collectOnce(ctx); err != nil && ctx.Err() == nil {
+			c.log.ErrorContext(ctx, "collector: round failed", "err", err)
+		} else if n > 0 {
+			c.log.InfoContext(ctx, "collector: expired rows deleted", "rows", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// collectOnce deletes every expired row, batch by batch, and returns how many.
+func (c *collector) collectOnce(ctx context.Context) (int64, error) {
+	var total int64
+	for _, table := range c.tables {
+		for {
+			tag, err := c.pool.Exec(ctx, table.sql, c.cfg.BatchSize)
+			if err != nil {
+				return total, fmt.Errorf("collect %s: %w", table.name, err)
+			}
+			n := tag.RowsAffected()
+			total += n
+			if n > 0 {
+				c.observe.Observe(idem.Event{Component: idem.ComponentCollector, Name: table.name, Outcome: OutcomeDeleted, Count: int(n)})
+			}
+			if n < int64(c.cfg.BatchSize) {
+				break
+			}
+			if c.cfg.Pause > 0 {
+				select {
+				case <-ctx.Done():
+					return total, ctx.Err()
+				case <-time.After(c.cfg.Pause):
+				}
+			}
+		}
+	}
+	return total, nil
+}
+
+// CollectOnce deletes every expired row now, batch by batch, and returns how many:
+// what the collector does every Retention.Interval, for tests and operators.
+func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
+	c := w.collector
+	if c == nil {
+		c = newCollector(w.pool, w.cfg.Schema, w.cfg.Retention, w.log, nil)
+	}
+	n, err := c.collectOnce(ctx)
+	if err != nil {
+		return n, fmt.Errorf("worker: %w", err)
+	}
+	return n, nil
+}
+
+// Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
+// transaction is using right now is simply left for the next round. The worker is
+// the one place that knows every idem table, so retention's SQL lives here.
+var sqlCollect = []collectedTable{
+	{"idem_inbox", `
+DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+	{"idem_requests", `
+DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+	{"idem_outbox", `
+DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_outbox WHERE published_at IS NOT NULL AND expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+}

@@ -1,0 +1,269 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/producer"
+)
+
+// component is one long-running part of the worker.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+// Worker runs idem's moving parts in one process; see the package documentation.
+// Build it with New, then Start it; Stop it to shut down gracefully.
+type Worker struct {
+	pool *pgxpool.Pool
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	cfg  Config
+	log  *slog.Logger
+
+	metrics   *metrics
+	outbox    *outbox.Outbox
+	ingress   *producer.Middleware
+	consumers []*consumer.Consumer
+	relay     *outbox.Relay
+	collector *collector
+
+	mu        sync.Mutex
+	started   bool
+	lifetimes []Lifetime
+	cancel    context.CancelFunc
+	done      chan struct{}
+	err       error
+}
+
+// New validates cfg and builds every component without touching the database or
+// the broker. pool and nc are the caller's: the worker never closes them.
+func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
+	if pool == nil || nc == nil {
+		return nil, errors.New("worker: a pgx pool and a NATS connection are required")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("worker: jetstream: %w", err)
+	}
+	w := &Worker{pool: pool, nc: nc, js: js, cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	w.metrics = newMetrics(w)
+	observe := idem.Observers(w.metrics.observe, cfg.Observer)
+
+	if w.outbox, err = outbox.New(outbox.Config{Schema: cfg.Schema, Subjects: cfg.Stream.Subjects}); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if cfg.Ingress != nil {
+		ic := *cfg.Ingress
+		ic.Schema = cfg.Schema
+		ic.Outbox = w.outbox
+		ic.Observer = idem.Observers(observe, ic.Observer)
+		if ic.Logger == nil {
+			ic.Logger = w.log
+		}
+		if w.ingress, err = producer.NewMiddleware(pool, ic); err != nil {
+			return nil, fmt.Errorf("worker: ingress: %w", err)
+		}
+	}
+	for _, cc := range cfg.Consumers {
+		cc.Stream = cfg.Stream.Name
+		cc.Schema = cfg.Schema
+		cc.Observer = idem.Observers(observe, cc.Observer)
+		if cc.Logger == nil {
+			cc.Logger = w.log
+		}
+		if cc.TracerProvider == nil {
+			cc.TracerProvider = cfg.TracerProvider
+		}
+		c, err := consumer.New(pool, js, cc)
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		w.consumers = append(w.consumers, c)
+	}
+	if !cfg.DisableRelay {
+		rc := cfg.Relay
+		rc.Schema, rc.Stream = cfg.Schema, cfg.Stream.Name
+		rc.Observer = idem.Observers(observe, rc.Observer)
+		if rc.Logger == nil {
+			rc.Logger = w.log
+		}
+		if w.relay, err = outbox.NewRelay(pool, js, rc); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
+	if !cfg.DisableRetention {
+		w.collector = newCollector(pool, cfg.Schema, cfg.Retention, w.log, observe)
+	}
+	return w, nil
+}
+
+// Start prepares the installation and starts every component in the background:
+// it applies the migrations (with NoMigrate it only checks that they were applied,
+// and fails naming the missing ones), creates the stream when absent,
+// checks the lifetime invariant against the stream's real MaxAge — and refuses to
+// start, naming the numbers, when a key could be forgotten while its intent can
+// still arrive — and then runs the consumers, the relay and the collector.
+//
+// ctx bounds the start-up only; the components run until Stop (or until one of
+// them fails, which stops the others: see Done and Err). Values ctx carries, such as
+// a trace, reach the components.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("worker: already started")
+	}
+	mcfg := migrations.Config{Schema: w.cfg.Schema}
+	if w.cfg.NoMigrate {
+		if err := migrations.Check(ctx, w.pool, mcfg); err != nil {
+			return fmt.Errorf("worker: started with NoMigrate: %w", err)
+		}
+	} else {
+		applied, err := migrations.Apply(ctx, w.pool, mcfg)
+		if err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		if len(applied) > 0 {
+			w.log.InfoContext(ctx, "schema migrated", "applied", applied)
+		}
+	}
+	stream, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("worker: stream %s: %w", w.cfg.Stream.Name, err)
+	}
+	lifetimes, err := w.checkLifetimes(info.Config.MaxAge)
+	if err != nil {
+		return fmt.Errorf("worker: refusing to start: %w", err)
+	}
+	w.lifetimes = lifetimes
+	for _, l := range lifetimes {
+		w.log.InfoContext(ctx, "key lifetimes checked", "for", l.For, "inbox", l.InboxKey, "requests", l.RequestKey,
+			"stream_max_age", l.StreamMaxAge, "redelivery_horizon", l.Redelivery, "client_resend", l.ClientResend)
+	}
+
+	var comps []component
+	for _, c := range w.consumers {
+		comps = append(comps, component{"consumer " + c.Config().Name, c.Run})
+	}
+	if w.relay != nil {
+		comps = append(comps, component{"relay", w.relay.Run})
+	}
+	if w.collector != nil {
+		comps = append(comps, component{"collector", w.collector.run})
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel = cancel
+	w.started = true
+	var wg sync.WaitGroup
+	for _, c := range comps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.run(runCtx); err != nil {
+				w.fail(fmt.Errorf("worker: %s: %w", c.name, err))
+			}
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(w.done)
+	}()
+	w.log.InfoContext(ctx, "worker started", "stream", w.cfg.Stream.Name, "consumers", len(w.consumers),
+		"relay", w.relay != nil, "retention", w.collector != nil, "ingress", w.ingress != nil)
+	return nil
+}
+
+// fail records the first component failure and stops the others: a worker missing
+// a part is not a worker, and its supervisor should restart it.
+func (w *Worker) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	cancel := w.cancel
+	w.mu.Unlock()
+	w.log.Error("component failed; stopping the worker", "err", err)
+	cancel()
+}
+
+// Stop stops fetching, lets work in flight finish (batches commit and ack, the
+// relay marks its batch, effects complete) and returns when every component has
+// returned, or with ctx's error when ctx ends first (unacked messages are simply
+// redelivered later, so nothing is lost either way). It returns the first component
+// failure, if there was one.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	started, cancel := w.started, w.cancel
+	w.mu.Unlock()
+	if !started {
+		return nil
+	}
+	cancel()
+	select {
+	case <-w.done:
+		return w.Err()
+	case <-ctx.Done():
+		return fmt.Errorf("worker: stop: %w", ctx.Err())
+	}
+}
+
+// Done is closed once every component has returned: after Stop, or after a
+// component failed (see Err). A service waits on it beside its signals.
+func (w *Worker) Done() <-chan struct{} { return w.done }
+
+// Err is the first component failure, or nil.
+func (w *Worker) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Ingress is the HTTP Idempotency-Key middleware built from Config.Ingress, or nil
+// when none was configured. Wrap the service's state-changing routes with it.
+func (w *Worker) Ingress() *producer.Middleware { return w.ingress }
+
+// Outbox is the outbox the ingress enqueues into, bound to the stream's subjects;
+// producers outside HTTP (a scheduled job, a gRPC handler) use it in their own
+// transactions.
+func (w *Worker) Outbox() *outbox.Outbox { return w.outbox }
+
+// JetStream is the JetStream context the worker uses.
+func (w *Worker) JetStream() jetstream.JetStream { return w.js }
+
+// Consumers returns the configurations of the consumers, defaults filled in.
+func (w *Worker) Consumers() []consumer.Config {
+	out := make([]consumer.Config, len(w.consumers))
+	for i, c := range w.consumers {
+		out[i] = c.Config()
+	}
+	return out
+}
+
+// Lifetimes returns the windows the invariant checked at Start, one per consumer
+// (and one for the ingress), or nil before Start.
+func (w *Worker) Lifetimes() []Lifetime {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]Lifetime(nil), w.lifetimes...)
+}

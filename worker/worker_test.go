@@ -1,0 +1,443 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/worker"
+)
+
+// orders is a user's service built on the public API alone: its own stream
+// (ORDERS, orders.>), its own tables (orders, and shipments as the effect of the
+// consumer), its own schema for idem's tables, one HTTP route.
+type orders struct {
+	env *testenv.Env
+	w   *worker.Worker
+	srv *httptest.Server
+}
+
+const ordersSchema = "orders_idem"
+
+const sqlOrdersTables = `
+CREATE TABLE orders (id bigserial PRIMARY KEY, idem_key text NOT NULL, item text NOT NULL);
+-- No unique constraint on the key: a double effect must be visible as a second row.
+CREATE TABLE shipments (id bigserial PRIMARY KEY, order_key text NOT NULL, item text NOT NULL)`
+
+// ship is the user's consumer handler: one shipment row per order, in the inbox
+// transaction.
+func ship(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
+	var o struct {
+		Item string `json:"item"`
+	}
+	if err := json.Unmarshal(d.Payload, &o); err != nil || o.Item == "" {
+		return nil, consumer.Permanent(fmt.Errorf("not an order: %q", d.Payload))
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO public.shipments (order_key, item) VALUES ($1, $2)`, d.Key, o.Item)
+	return nil, err
+}
+
+// createOrder is the user's HTTP handler, behind the worker's ingress middleware.
+func createOrder(w http.ResponseWriter, r *http.Request) {
+	in, ok := producer.IntentFrom(r.Context())
+	if !ok {
+		producer.WriteError(w, http.StatusInternalServerError, "no_intent", "mounted without the middleware")
+		return
+	}
+	body, _ := io.ReadAll(r.Body)
+	var o struct {
+		Item string `json:"item"`
+	}
+	if err := json.Unmarshal(body, &o); err != nil || o.Item == "" {
+		producer.WriteError(w, http.StatusBadRequest, "invalid_order", "want {\"item\": ...}")
+		return
+	}
+	var id int64
+	if err := in.Tx.QueryRow(r.Context(), `INSERT INTO public.orders (idem_key, item) VALUES ($1, $2) RETURNING id`, in.ScopedKey(), o.Item).Scan(&id); err != nil {
+		producer.WriteError(w, http.StatusInternalServerError, "db", err.Error())
+		return
+	}
+	if err := in.Enqueue(r.Context(), "orders.created", body, nil); err != nil {
+		producer.WriteError(w, http.StatusInternalServerError, "enqueue", err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%d}`, id)
+}
+
+func ordersConfig(obs idem.Observer) worker.Config {
+	return worker.Config{
+		Schema: ordersSchema,
+		Stream: outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Consumers: []consumer.Config{{
+			Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship),
+			AckWait: 2 * time.Second, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
+		}},
+		Ingress:  &producer.Config{},
+		Observer: obs,
+	}
+}
+
+func startOrders(t *testing.T, cfg worker.Config) *orders {
+	t.Helper()
+	env := testenv.NewWith(t, pgtest.Options{NoMigrate: true}) // the worker migrates
+	if _, err := env.DB.Pool.Exec(context.Background(), sqlOrdersTables); err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := w.Stop(ctx); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", w.Ingress().Wrap(http.HandlerFunc(createOrder)))
+	mux.Handle("GET /readyz", w.ReadyHandler())
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return &orders{env: env, w: w, srv: srv}
+}
+
+func (o *orders) post(t *testing.T, key, body string) (int, bool) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, o.srv.URL+"/orders", strings.NewReader(body))
+	req.Header.Set(idem.HeaderKey, key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get(idem.HeaderReplayed) == "true"
+}
+
+// The whole path for a user's topology through the public composition root alone:
+// stream ORDERS on orders.>, idem's tables in the user's schema, the user's own
+// effect table. A retried request and a re-published message each fold: one order,
+// one shipment per intent; two intents with the same body are two shipments.
+func TestUserTopologyThroughTheCompositionRoot(t *testing.T) {
+	t.Parallel()
+	out := &testenv.Outcomes{}
+	o := startOrders(t, ordersConfig(out.Observe))
+
+	k1, k2 := string(idem.NewKey()), string(idem.NewKey())
+	if code, replayed := o.post(t, k1, `{"item":"teapot"}`); code != http.StatusCreated || replayed {
+		t.Fatalf("first order: %d replayed=%v", code, replayed)
+	}
+	if code, replayed := o.post(t, k1, `{"item":"teapot"}`); code != http.StatusCreated || !replayed {
+		t.Fatalf("retried order: %d replayed=%v, want the first answer replayed", code, replayed)
+	}
+	if code, _ := o.post(t, k1, `{"item":"kettle"}`); code != http.StatusUnprocessableEntity {
+		t.Fatalf("same key, other body: %d, want 422", code)
+	}
+	if code, _ := o.post(t, k2, `{"item":"teapot"}`); code != http.StatusCreated {
+		t.Fatalf("second intent with the same body: %d", code)
+	}
+	drained := o.env.DrainedOn(t, "ORDERS", "shipping")
+	testenv.Eventually(t, 45*time.Second, "both orders shipped", func() bool {
+		return o.env.DB.Count(t, `SELECT count(*) FROM public.shipments`) == 2 && drained()
+	})
+
+	// A relay re-publish outside the broker's duplicate window: a new Msg-Id, the
+	// same key. The inbox folds it.
+	err := pgx.BeginFunc(context.Background(), o.env.DB.Pool, func(tx pgx.Tx) error {
+		return o.w.Outbox().Republish(context.Background(), tx, "test-1",
+			idem.Message{Key: k1, Subject: "orders.created", Payload: []byte(`{"item":"teapot"}`)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 45*time.Second, "the re-publish folded", func() bool {
+		return out.Get(consumer.OutcomeDuplicate) >= 1 && drained()
+	})
+	for key, want := range map[string]int{k1: 1, k2: 1} {
+		if n := o.env.DB.Count(t, `SELECT count(*) FROM public.shipments WHERE order_key = $1`, key); n != want {
+			t.Errorf("shipments for %s = %d, want %d", key, n, want)
+		}
+		if n := o.env.DB.Count(t, `SELECT count(*) FROM public.orders WHERE idem_key = $1`, key); n != want {
+			t.Errorf("orders for %s = %d, want %d", key, n, want)
+		}
+	}
+	// idem's tables are in the user's schema, not in public.
+	if n := o.env.DB.Count(t, `SELECT count(*) FROM orders_idem.idem_inbox WHERE consumer = 'shipping'`); n != 2 {
+		t.Errorf("inbox rows in %s = %d, want 2", ordersSchema, n)
+	}
+	if n := o.env.DB.Count(t, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name LIKE 'idem\_%'`); n != 0 {
+		t.Errorf("%d idem tables in public, want none", n)
+	}
+	// The outbox is bound to the stream's subjects.
+	err = pgx.BeginFunc(context.Background(), o.env.DB.Pool, func(tx pgx.Tx) error {
+		return o.w.Outbox().Enqueue(context.Background(), tx, idem.Message{Key: "k", Subject: "invoices.created", Payload: []byte(`{}`)})
+	})
+	if !errors.Is(err, idem.ErrBadSubject) {
+		t.Errorf("enqueue outside the stream's subjects: %v, want ErrBadSubject", err)
+	}
+}
+
+// Start refuses, naming the numbers, when a key could be forgotten while its intent
+// can still arrive; for each consumer and for the ingress.
+func TestStartRefusesBadLifetimes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		mutate func(*worker.Config)
+		want   []string
+	}{
+		{"inbox shorter than the stream's MaxAge", func(c *worker.Config) {
+			c.Stream.MaxAge = 7 * 24 * time.Hour
+		}, []string{"refusing to start", "consumer shipping", "inbox key lifetime 72h0m0s", "MaxAge 168h0m0s"}},
+		{"inbox shorter than the redelivery horizon", func(c *worker.Config) {
+			c.Consumers[0].AckWait = 10 * time.Hour
+		}, []string{"consumer shipping", "redelivery horizon"}},
+		{"requests shorter than the client's re-send horizon", func(c *worker.Config) {
+			c.ClientResendHorizon = 60 * time.Hour
+		}, []string{"request key lifetime 48h0m0s", "re-send horizon 60h0m0s"}},
+		{"ingress alone", func(c *worker.Config) {
+			c.Consumers = nil
+			c.Ingress = &producer.Config{KeyLifetime: time.Hour}
+		}, []string{"ingress", "request key lifetime 1h0m0s"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.New(t)
+			cfg := ordersConfig(nil)
+			cfg.Schema = ""
+			tc.mutate(&cfg)
+			w, err := worker.New(env.DB.Pool, env.NC, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = w.Start(context.Background())
+			if err == nil {
+				_ = w.Stop(context.Background())
+				t.Fatal("started")
+			}
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not mention %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	good := ordersConfig(nil)
+	for _, tc := range []struct {
+		name   string
+		mutate func(*worker.Config)
+		want   string
+	}{
+		{"no stream", func(c *worker.Config) { c.Stream = outbox.StreamConfig{} }, "Name is required"},
+		{"bad schema", func(c *worker.Config) { c.Schema = "Orders" }, "lower-case identifier"},
+		{"two consumers, one name", func(c *worker.Config) { c.Consumers = append(c.Consumers, c.Consumers[0]) }, `two consumers are named "shipping"`},
+		{"consumer of another stream", func(c *worker.Config) { c.Consumers[0].Stream = "OTHER" }, "not the worker's stream ORDERS"},
+		{"consumer without a handler", func(c *worker.Config) { c.Consumers[0].Handler = nil }, "exactly one of Handler"},
+	} {
+		cfg := good
+		cfg.Consumers = append([]consumer.Config(nil), good.Consumers...)
+		tc.mutate(&cfg)
+		if _, err := worker.New(env.DB.Pool, env.NC, cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := worker.New(nil, env.NC, good); err == nil {
+		t.Error("a nil pool was accepted")
+	}
+}
+
+// A component that fails stops the worker: Done closes and Err says which and why,
+// so the process can exit non-zero and its supervisor restart it; /readyz says so.
+func TestComponentFailureStopsTheWorker(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	cfg := ordersConfig(nil)
+	cfg.Schema = ""
+	// Someone else's durable consumer under the same name, with an ack policy that
+	// cannot be changed: the worker's consumer cannot take it over and fails.
+	if _, err := outbox.EnsureStream(ctx, env.JS, cfg.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.CreateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "shipping", AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.Done():
+	case <-time.After(45 * time.Second):
+		t.Fatal("the worker kept running without its consumer")
+	}
+	if err := w.Err(); err == nil || !strings.Contains(err.Error(), "consumer shipping") {
+		t.Fatalf("Err = %v, want the failed consumer named", err)
+	}
+	rec := httptest.NewRecorder()
+	w.ReadyHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "component failed") {
+		t.Errorf("/readyz = %d %q, want 503 naming the failure", rec.Code, rec.Body.String())
+	}
+	if err := w.Stop(ctx); err == nil {
+		t.Error("Stop after a failure returned nil")
+	}
+}
+
+// The collector deletes expired rows only: live keys, unpublished outbox rows and
+// unexpired requests stay.
+func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	db := env.DB
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 2500 expired and 10 live inbox rows.
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      SELECT 'c', 'old-' || g, '\x00', 'done', now() - interval '1 second' FROM generate_series(1, 2500) g`)
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      SELECT 'c', 'live-' || g, '\x00', 'done', now() + interval '1 hour' FROM generate_series(1, 10) g`)
+	exec(`INSERT INTO idem_requests (scope, key, fingerprint, method, path, expires_at) VALUES
+	      ('', 'old', '\x00', 'POST', '/', now() - interval '1 second'),
+	      ('', 'live', '\x00', 'POST', '/', now() + interval '1 hour')`)
+	// Outbox: published+expired (goes), published+live (stays), unpublished with an
+	// old expires_at (stays: it has not been delivered yet).
+	exec(`INSERT INTO idem_outbox (key, subject, msg_id, payload, published_at, expires_at) VALUES
+	      ('a', 'test.x', 'a', '\x00', now(), now() - interval '1 second'),
+	      ('b', 'test.x', 'b', '\x00', now(), now() + interval '1 hour'),
+	      ('c', 'test.x', 'c', '\x00', NULL, now() - interval '1 second')`)
+
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}, Retention: worker.RetentionConfig{BatchSize: 1000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	n, err := w.CollectOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("deleted %d rows in %s", n, time.Since(start))
+	if n != 2500+1+1 {
+		t.Errorf("deleted %d rows, want 2502", n)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox`); got != 10 {
+		t.Errorf("inbox rows left = %d, want the 10 live ones", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'live-%'`); got != 10 {
+		t.Errorf("live inbox rows left = %d, want 10", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_requests WHERE key = 'live'`); got != 1 {
+		t.Errorf("live request gone")
+	}
+	var kept string
+	if err := db.Pool.QueryRow(ctx, `SELECT string_agg(key, ',' ORDER BY key) FROM idem_outbox`).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept != "b,c" {
+		t.Errorf("outbox keeps %q, want b (live) and c (unpublished)", kept)
+	}
+}
+
+// RegisterMetrics exports every component's outcomes (zero from the start) and
+// the outbox backlog read at scrape time; a failed scrape query is counted, not a
+// silently missing series.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	o := startOrders(t, ordersConfig(nil))
+	reg := prometheus.NewRegistry()
+	if err := o.w.RegisterMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := o.post(t, string(idem.NewKey()), `{"item":"cup"}`); code != http.StatusCreated {
+		t.Fatalf("order: %d", code)
+	}
+	testenv.Eventually(t, 45*time.Second, "the order shipped", func() bool {
+		return o.env.DB.Count(t, `SELECT count(*) FROM public.shipments`) == 1
+	})
+	// gather sums the series of name whose outcome is one of outcomes (any, if
+	// none is given).
+	gather := func(name string, outcomes ...string) float64 {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0.0
+		for _, f := range families {
+			if f.GetName() != name {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				outcome := ""
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "outcome" {
+						outcome = l.GetValue()
+					}
+				}
+				if len(outcomes) > 0 && !slices.Contains(outcomes, outcome) {
+					continue
+				}
+				total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+		return total
+	}
+	testenv.Eventually(t, 20*time.Second, "the counters to show one request, one publish, one processed message", func() bool {
+		return gather("idem_ingress_requests_total", "new") == 1 && gather("idem_relay_messages_total", "published") == 1 &&
+			gather("idem_consumer_messages_total", "processed") == 1
+	})
+	if got := gather("idem_outbox_pending_rows"); got != 0 {
+		t.Errorf("idem_outbox_pending_rows = %v, want 0", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "idem_consumer_messages_total"); err != nil || n < 4 {
+		t.Errorf("consumer series = %d (%v), want the known outcomes pre-registered", n, err)
+	}
+	// A scrape whose backlog query fails (the schema is gone) is counted.
+	if _, err := o.env.DB.Pool.Exec(context.Background(), `ALTER TABLE orders_idem.idem_outbox RENAME TO gone`); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = reg.Gather()
+	if got := gather("idem_scrape_errors_total"); got < 1 {
+		t.Errorf("idem_scrape_errors_total = %v after a failed backlog query, want >= 1", got)
+	}
+	if _, err := o.env.DB.Pool.Exec(context.Background(), `ALTER TABLE orders_idem.gone RENAME TO idem_outbox`); err != nil {
+		t.Fatal(err)
+	}
+}
