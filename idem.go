@@ -44,6 +44,11 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 	// HeaderMsgID is JetStream's de-duplication header.
 	HeaderMsgID = "Nats-Msg-Id"
+	// HeaderReplayFor names the one consumer a dead-letter replay is for. Every
+	// consumer of the subject receives the replayed message; the others ack it
+	// without an effect, so a replay never reaches a consumer that did not
+	// dead-letter it (whose inbox may have forgotten the key by then).
+	HeaderReplayFor = "Idem-Replay-For"
 )
 
 // MaxKeyLen is the longest key (and the longest scope) accepted, in bytes.

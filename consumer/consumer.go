@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
 )
 
@@ -33,6 +34,9 @@ const (
 	// OutcomeAbandoned: a test fault point abandoned the work as if the worker had
 	// died there.
 	OutcomeAbandoned = "abandoned"
+	// OutcomeSkipped: a dead-letter replay meant for another consumer
+	// (idem.HeaderReplayFor); acked without an effect.
+	OutcomeSkipped = "skipped"
 )
 
 // Consumer runs a handler over a durable JetStream pull consumer, exactly once per
@@ -207,6 +211,11 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		defer d.span.End()
 		if reason != "" {
 			c.deadLetter(ctx, d, reason)
+			continue
+		}
+		if target := d.Headers[idem.HeaderReplayFor]; target != "" && target != c.cfg.Name {
+			c.ack(ctx, d)
+			c.observe(OutcomeSkipped, 1, 0)
 			continue
 		}
 		ds = append(ds, d)

@@ -5,11 +5,13 @@ import "github.com/idemkit/idem/internal/pgschema"
 // All of the consumer's SQL, in one place. The inbox's own SQL lives in package
 // dedupe. newQueries qualifies it for the configured schema once.
 const (
-	// A redelivered poison message (its terminate was lost) files only once.
+	// A redelivered poison message (its terminate was lost) files only once; a
+	// message is its stream sequence, key and payload, so a stream recreated from
+	// sequence 1 does not make a new message collide with an old dead letter.
 	sqlInsertDeadLetter = `
-INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason, deliveries, stream_seq)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-ON CONFLICT (consumer, stream_seq) WHERE stream_seq IS NOT NULL DO NOTHING`
+INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason, deliveries, stream_seq, fingerprint)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+ON CONFLICT (consumer, stream_seq, key, fingerprint) WHERE stream_seq IS NOT NULL DO NOTHING`
 
 	sqlDeadLetterCols = `id, consumer, key, subject, headers, payload, reason, deliveries, created_at, replayed_at`
 

@@ -20,7 +20,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[]) AS t(k,
 	sqlClaim = `
 SELECT id, key, subject, msg_id, headers, payload
 FROM idem_outbox
-WHERE published_at IS NULL
+WHERE published_at IS NULL AND dead_lettered_at IS NULL
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
@@ -30,14 +30,16 @@ UPDATE idem_outbox
 SET published_at = now(), attempts = attempts + 1, last_error = NULL, expires_at = now() + $2::interval
 WHERE id = ANY($1::bigint[])`
 
-	// The relay drains in id order, so the lowest unpublished id is the row that has
-	// waited longest; the partial index idem_outbox_unpublished finds it at once.
+	// The relay drains in id order, so the lowest pending id is the row that has
+	// waited longest; the partial index idem_outbox_pending finds it at once.
 	sqlBacklog = `
-SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
+SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL),
        o.created_at,
        COALESCE(EXTRACT(EPOCH FROM now() - o.created_at), 0)::float8
 FROM (SELECT 1) AS one
-LEFT JOIN LATERAL (SELECT created_at FROM idem_outbox WHERE published_at IS NULL ORDER BY id LIMIT 1) AS o ON true`
+LEFT JOIN LATERAL (
+  SELECT created_at FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1
+) AS o ON true`
 
 	sqlMarkFailed = `
 UPDATE idem_outbox
