@@ -92,7 +92,8 @@ func NewKey() Key {
 // String returns the key's text.
 func (k Key) String() string { return string(k) }
 
-// ParseKey validates s as a key: 1..MaxKeyLen bytes of printable ASCII (0x20..0x7E).
+// ParseKey validates s as a key: 1..MaxKeyLen bytes of printable ASCII (0x20..0x7E),
+// without leading or trailing spaces.
 func ParseKey(s string) (Key, error) {
 	if s == "" {
 		return "", ErrMissingKey
@@ -121,6 +122,11 @@ func checkToken(s string) error {
 	}
 	if strings.TrimSpace(s) == "" {
 		return errors.New("blank")
+	}
+	if strings.TrimSpace(s) != s {
+		// Transports trim header values (nats.go does): "k " and "k" would be two
+		// keys at the producer and one downstream.
+		return errors.New("leading or trailing spaces")
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c > 0x7e {

@@ -24,6 +24,8 @@ func TestParseKey(t *testing.T) {
 		{"tab\tkey", idem.ErrMalformedKey},
 		{"k\x1fk", idem.ErrMalformedKey},
 		{"clé", idem.ErrMalformedKey},
+		{"k ", idem.ErrMalformedKey}, // a transport that trims would fold it into "k"
+		{" k", idem.ErrMalformedKey},
 	} {
 		k, err := idem.ParseKey(tc.in)
 		switch {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
@@ -20,12 +21,32 @@ import (
 // key.
 var ErrStillPending = errors.New("client: intent still pending")
 
+// ErrRedirected is wrapped, with ErrStillPending, in the error of a Submit or Resume
+// whose request was answered with a redirect (3xx). A redirect is not the service's
+// answer, and the Client never follows one: following would send a different
+// request (a 303 turns the POST into a GET) or this one to another URL, and journal
+// that answer as the intent's. Nor does it retry, since the same URL gives the same
+// redirect. The intent stays pending, to be resumed with its key once BaseURL is
+// fixed; Result.Error says where the redirect pointed.
+var ErrRedirected = errors.New("client: service answered with a redirect")
+
+// clockSkewAllowance is how far ahead of the wall clock a journaled CreatedAt may be
+// and still count as age zero rather than as an unknown age (see Client.Expired):
+// clock jitter and small corrections, not a clock set back by hours.
+const clockSkewAllowance = time.Minute
+
 // Client sends intents to an idem service so that each takes effect once. It mints
 // the key, stores it durably before the first send, and retries with that same key
 // until a final response arrives. Construct it with New. A Client is safe for
 // concurrent use.
 type Client struct {
 	cfg Config
+
+	mu sync.Mutex
+	// born holds the time.Now() reading, monotonic clock included, of each intent
+	// this Client submitted and has not seen finish: in this process its age is
+	// measured on the monotonic clock, which the wall clock being set cannot move.
+	born map[idem.Key]time.Time
 }
 
 // New validates cfg, fills in defaults and returns a Client.
@@ -33,7 +54,7 @@ func New(cfg Config) (*Client, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Client{cfg: cfg}, nil
+	return &Client{cfg: cfg, born: make(map[idem.Key]time.Time)}, nil
 }
 
 // Request is one intent to submit.
@@ -60,20 +81,36 @@ type Result struct {
 	// Replayed reports that the server answered from its record of the first
 	// arrival (header Idempotent-Replayed: true) rather than executing again.
 	Replayed bool `json:"replayed,omitempty"`
+	// Truncated reports that the final response's body was longer than
+	// Config.MaxResponseBytes: the intent is finished all the same (the service
+	// answered), but Response, and what the Store keeps, is only the start of the
+	// body (as a JSON string when the cut left invalid JSON). Only the Submit or
+	// Resume call that received the response reports it: the Store does not record
+	// it, so List does not.
+	Truncated bool `json:"truncated,omitempty"`
+	// Error, when not empty, says why the intent needs attention that Status does
+	// not spell out: a redirect answer left it pending (see ErrRedirected), or it
+	// expired (past KeyLifetime, or journaled with a CreatedAt in the future; see
+	// Client.Expired). It is empty for done and rejected intents and for intents
+	// merely still pending after network errors or 5xx (the returned error has
+	// those).
+	Error string `json:"error,omitempty"`
 }
 
 // Submit mints a key for req, stores the intent (durably, see Store), and sends it
-// until a final response: 2xx is done, a 4xx other than 408, 409 and 429 is
+// until a final response: 2xx is done, a 4xx other than 408, 409, 425 and 429 is
 // rejected. Network errors, timeouts, 5xx, 408, 409 (the first arrival is still
-// running) and 429 are retried with the same key, after a jittered exponential
-// backoff.
+// running), 425 and 429 are retried with the same key, after a jittered exponential
+// backoff. A redirect (3xx) is neither followed nor retried: the intent stays
+// pending and the error wraps ErrRedirected.
 //
 // ctx bounds the sends and is passed to every Store call.
 //
 // The error is nil when the intent reached a final status (done or rejected: check
-// Result.Status). It wraps ErrStillPending when the attempts ran out or ctx ended
-// (in a Store call too, once the intent is stored); the Result then carries the key,
-// and Resume will finish the intent later. Any other error means the intent could
+// Result.Status). It wraps ErrStillPending when the attempts ran out, ctx ended (in
+// a Store call too, once the intent is stored) or the answer was a redirect (with
+// ErrRedirected); the Result then carries the key, and Resume will finish the intent
+// later. Any other error means the intent could
 // not be stored and was never sent, or the Store failed while it was being sent (the
 // Result then carries its key).
 func (c *Client) Submit(ctx context.Context, req Request) (Result, error) {
@@ -96,6 +133,7 @@ func (c *Client) Submit(ctx context.Context, req Request) (Result, error) {
 	if err := c.cfg.Store.Append(ctx, in); err != nil {
 		return Result{}, fmt.Errorf("client: submit: %w", err)
 	}
+	c.remember(in.Key, in.CreatedAt)
 	c.cfg.Logger.DebugContext(ctx, "intent journaled", "key", in.Key, "path", in.Path)
 	in.Status = IntentPending
 	return c.send(ctx, in)
@@ -150,20 +188,74 @@ func (c *Client) List(ctx context.Context) ([]Result, error) {
 	out := make([]Result, 0, len(all))
 	for _, in := range all {
 		r := resultOf(in)
-		if c.Expired(in, now) {
-			r.Status = IntentExpired
+		if expired, why := c.expiry(in, now); expired {
+			r.Status, r.Error = IntentExpired, why
 		}
 		out = append(out, r)
 	}
 	return out, nil
 }
 
-// Expired reports whether a pending intent is past the key lifetime and must not be
-// sent again.
+// Expired reports whether a pending intent must not be sent again because the server
+// may have forgotten its key: it is KeyLifetime old, or its age cannot be known.
+// The server's lifetime starts at its first arrival, which is after CreatedAt, so
+// counting from CreatedAt errs on the safe side.
+//
+// The age is measured on the monotonic clock for an intent this Client submitted (in
+// this process), when now is a time.Now() reading: setting the wall clock forward or
+// back changes nothing then. An intent from an earlier process has only its
+// journaled CreatedAt, a wall-clock reading, and so does a now without a monotonic
+// reading; the age is then the wall clock's, and a wall clock set back by more than
+// the margin between KeyLifetime and the server's lifetime can make an old intent
+// look young, which nothing on the client can detect. What can be detected is a
+// CreatedAt in the future, more than a minute ahead of now: the clock was set back
+// since, by an unknown amount, so the intent may be any age. Such an intent counts
+// as expired, not as age zero (it would then be re-sent for as long as the clock
+// takes to catch up, perhaps long after the server forgot the key): a late retry is
+// a second effect, while an expired intent only waits for a human to reconcile it.
+// Within a minute ahead is clock jitter and counts as age zero.
 func (c *Client) Expired(in Intent, now time.Time) bool {
-	// The server's lifetime starts at its first arrival, which is after CreatedAt, so
-	// counting from CreatedAt errs on the safe side.
-	return in.Status == IntentPending && now.Sub(in.CreatedAt) >= c.cfg.KeyLifetime
+	expired, _ := c.expiry(in, now)
+	return expired
+}
+
+// expiry is Expired with the reason, for Result.Error.
+func (c *Client) expiry(in Intent, now time.Time) (expired bool, why string) {
+	if in.Status != IntentPending {
+		return false, ""
+	}
+	created := in.CreatedAt
+	c.mu.Lock()
+	if t, ok := c.born[in.Key]; ok {
+		created = t // with its monotonic reading: Sub uses it when now has one too
+	}
+	c.mu.Unlock()
+	age := now.Sub(created)
+	switch {
+	case age < -clockSkewAllowance:
+		return true, fmt.Sprintf("created_at %s is in the future, %v ahead of the clock: the clock was set back, so the intent's age is unknown "+
+			"and it may be past the server's key lifetime; it is not re-sent, reconcile it by hand",
+			in.CreatedAt.UTC().Format(time.RFC3339), (-age).Round(time.Second))
+	case age >= c.cfg.KeyLifetime:
+		return true, fmt.Sprintf("created %v ago, past the key lifetime of %v: the server may have forgotten its key, "+
+			"so it is not re-sent; reconcile it by hand", age.Round(time.Second), c.cfg.KeyLifetime)
+	}
+	return false, ""
+}
+
+// remember keeps the monotonic creation time of an intent this Client submitted.
+func (c *Client) remember(key idem.Key, created time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.born[key] = created
+}
+
+// finished drops what remember kept, once the intent has a final response. A pending
+// intent keeps its entry, expired or not, for as long as the Client lives.
+func (c *Client) finished(key idem.Key) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.born, key)
 }
 
 // send is the retry loop for one stored intent.
@@ -172,10 +264,10 @@ func (c *Client) send(ctx context.Context, in Intent) (Result, error) {
 	var lastErr error
 	var retryAfter time.Duration // the server's Retry-After on the last response
 	for n := 1; n <= c.cfg.MaxAttempts; n++ {
-		if c.Expired(in, time.Now()) {
-			log.InfoContext(ctx, "intent expired; not sending", "created_at", in.CreatedAt)
+		if expired, why := c.expiry(in, time.Now()); expired {
+			log.InfoContext(ctx, "intent expired; not sending", "created_at", in.CreatedAt, "reason", why)
 			r := resultOf(in)
-			r.Status = IntentExpired
+			r.Status, r.Error = IntentExpired, why
 			return r, nil
 		}
 		if n > 1 {
@@ -213,6 +305,17 @@ func (c *Client) send(ctx context.Context, in Intent) (Result, error) {
 			log.DebugContext(ctx, "retryable response", "attempt", in.Attempts, "http_status", resp.status, "retry_after", retryAfter)
 			continue
 		}
+		if redirected(resp.status) {
+			// Not the service's answer, and the same URL will redirect again: stop, and
+			// leave the intent pending for a Resume once BaseURL is fixed. Recording it
+			// rejected would invite the user to submit again under a new key, which is
+			// a second effect if whatever redirected had executed the request.
+			why := redirectError(resp)
+			log.InfoContext(ctx, "redirect not followed; intent left pending", "attempt", in.Attempts, "http_status", resp.status, "location", resp.location)
+			r := resultOf(in)
+			r.Error = why
+			return r, fmt.Errorf("%w: %s: %w: %s", ErrStillPending, in.Key, ErrRedirected, why)
+		}
 		status := IntentDone
 		if resp.status < 200 || resp.status > 299 {
 			status = IntentRejected
@@ -225,10 +328,14 @@ func (c *Client) send(ctx context.Context, in Intent) (Result, error) {
 			}
 			return resultOf(in), fmt.Errorf("client: send %s: %w", in.Key, err)
 		}
+		c.finished(in.Key)
 		in.Status, in.HTTPStatus, in.Response = status, resp.status, resp.body
 		r := resultOf(in)
-		r.Replayed = resp.replayed
-		log.DebugContext(ctx, "intent finished", "status", status, "http_status", resp.status, "replayed", resp.replayed)
+		r.Replayed, r.Truncated = resp.replayed, resp.truncated
+		if resp.truncated {
+			log.InfoContext(ctx, "response longer than MaxResponseBytes; kept its start", "max_response_bytes", c.cfg.MaxResponseBytes)
+		}
+		log.DebugContext(ctx, "intent finished", "status", status, "http_status", resp.status, "replayed", resp.replayed, "truncated", resp.truncated)
 		return r, nil
 	}
 	return resultOf(in), fmt.Errorf("%w: %s after %d attempts: %w", ErrStillPending, in.Key, in.Attempts, lastErr)

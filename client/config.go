@@ -43,7 +43,10 @@ type Config struct {
 	// BaseURL of the service, without a trailing path. Default DefaultBaseURL.
 	BaseURL string
 	// HTTPClient sends the requests. Default: a client without a total timeout
-	// (Timeout bounds each attempt instead).
+	// (Timeout bounds each attempt instead). Redirects are never followed, whatever
+	// its CheckRedirect says: New uses a copy of it with CheckRedirect returning
+	// http.ErrUseLastResponse, and leaves the caller's value as it was. (Following a
+	// redirect would journal the answer to another request as the intent's.)
 	HTTPClient *http.Client
 	// Scope is sent as Idempotency-Scope on new intents when not empty. Keys are
 	// unique per scope, so a tenant or principal goes here. Resume sends each intent
@@ -55,7 +58,7 @@ type Config struct {
 	// BackoffBase and BackoffMax shape the wait between attempts: attempt n waits a
 	// uniformly random time in [0, min(BackoffMax, BackoffBase*2^(n-1))) ("full
 	// jitter"), so many clients that failed together do not retry together. A
-	// Retry-After on a retryable response (409, 429, 503) sets the least wait
+	// Retry-After on a retryable response (409, 425, 429, 503) sets the least wait
 	// before the next attempt, up to BackoffMax. Defaults 100ms and 10s.
 	BackoffBase, BackoffMax time.Duration
 	// Timeout bounds one attempt, response body included. Default 10s.
@@ -64,13 +67,20 @@ type Config struct {
 	// CreatedAt. Default 24h (see DefaultKeyLifetime). An older pending intent is
 	// not re-sent: the server may have forgotten its key, and a late retry would then
 	// be a second effect. It is reported as expired. It must be shorter than the
-	// key lifetimes of the service it talks to.
+	// key lifetimes of the service it talks to. How the age is measured when the
+	// clock is changed is in Client.Expired.
 	KeyLifetime time.Duration
-	// MaxResponseBytes bounds the response body read and stored. Default 1 MiB.
+	// MaxResponseBytes bounds the response body read and stored. Default 1 MiB. A
+	// longer body still finishes the intent (the service did answer); its first
+	// MaxResponseBytes are kept and Result.Truncated is set.
 	MaxResponseBytes int64
 	// Logger receives retries at debug and info level. Default: discard.
 	Logger *slog.Logger
 }
+
+// noRedirects is the CheckRedirect of the Client's http.Client: the redirect
+// response is returned as it is.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // validate checks c and fills in the defaults.
 func (c *Config) validate() error {
@@ -88,9 +98,15 @@ func (c *Config) validate() error {
 		return fmt.Errorf("client: config: BaseURL %q: want http(s)://host[:port]", c.BaseURL)
 	}
 	c.BaseURL = strings.TrimRight(c.BaseURL, "/")
-	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{}
+	// Never follow a redirect: net/http would turn the POST into a GET of the
+	// Location (or re-send it there), and its answer would be journaled as the
+	// intent's. A copy, so the caller's client is not changed under them.
+	hc := http.Client{}
+	if c.HTTPClient != nil {
+		hc = *c.HTTPClient
 	}
+	hc.CheckRedirect = noRedirects
+	c.HTTPClient = &hc
 	if err := idem.ValidateScope(c.Scope); err != nil {
 		return fmt.Errorf("client: config: Scope: %w", err)
 	}

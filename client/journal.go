@@ -63,10 +63,19 @@ type Journal struct {
 	order   []idem.Key // log order of live intents; forgotten keys are removed
 	records int        // records in the file, to decide when compaction pays
 	torn    int64      // bytes of torn tail dropped by OpenJournal
+
+	// dirPending: a compaction renamed its file over the journal but the directory
+	// fsync failed; no write is durable until it succeeds (see compactLocked).
+	dirPending bool
+
+	syncDir func(dir string) error // fsyncs a directory; a test swaps it to inject failures
 }
 
 // OpenJournal opens the journal at path, creating it (and its directory) if needed,
-// and replays it into memory. It does not wait for the lock: if another process holds
+// and replays it into memory. It fsyncs the journal's directory, and the parent of
+// every directory it creates, before it returns, and fails if one of those fsyncs
+// does: until then a crash could lose the journal's directory entry, and with it
+// keys reported durable. It does not wait for the lock: if another process holds
 // the journal, OpenJournal fails at once with ErrJournalLocked. Use
 // OpenJournalContext to wait.
 //
@@ -268,6 +277,10 @@ func copyIntent(in *Intent) Intent {
 // an operator must still see to reconcile by hand. Without Prune a long-lived
 // client's journal (and OpenJournal's replay of it) grows with every intent it ever
 // sent.
+//
+// If the compaction's new file replaced the journal but the directory fsync failed
+// (see Compact), Prune returns the count and the error: the intents are gone from
+// the journal, which owes the fsync before its next write.
 func (j *Journal) Prune(cutoff time.Time) (int, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -290,12 +303,18 @@ func (j *Journal) Prune(cutoff time.Time) (int, error) {
 	// the full one back if the new file could not replace the old.
 	all := j.order
 	j.order = keep
-	if err := j.compactLocked(); err != nil {
+	renamed, err := j.compactLocked()
+	if !renamed {
 		j.order = all
 		return 0, fmt.Errorf("client: journal: prune: %w", err)
 	}
+	// The pruned file is the journal now: memory must agree with it, or a record
+	// written later (a forget of a pruned key, say) would contradict the file.
 	for _, k := range drop {
 		delete(j.intents, k)
+	}
+	if err != nil {
+		return len(drop), fmt.Errorf("client: journal: prune: %w", err)
 	}
 	return len(drop), nil
 }
@@ -305,19 +324,28 @@ func (j *Journal) Prune(cutoff time.Time) (int, error) {
 // The new file is written beside the old one, fsynced, renamed over it and the
 // directory fsynced, so a crash at any point leaves either the old or the new
 // journal, never a mix. OpenJournal compacts on its own when most records are dead.
+//
+// If the directory fsync fails, Compact returns the error, but the journal already
+// runs on the new file: until a later fsync succeeds a crash may bring back the old
+// one, which holds the same intents but not what is appended after the compaction.
+// So every later write retries the fsync first and fails while it fails: no key is
+// reported durable (and the Client sends none) before it is.
 func (j *Journal) Compact() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.compactLocked()
+	_, err := j.compactLocked()
+	return err
 }
 
-// Close releases the file and the lock. Everything written is already durable.
+// Close releases the file and the lock. Everything written is already durable, unless
+// a compaction's directory fsync is still owed: Close retries it and reports its
+// failure.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var errs []error
 	if j.f != nil {
-		errs = append(errs, j.f.Close())
+		errs = append(errs, j.syncCompactedDirLocked(), j.f.Close())
 		j.f = nil
 	}
 	if j.lock != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -17,12 +18,23 @@ import (
 // compacts it when most of it is dead. OpenJournal and OpenJournalContext differ only
 // in how they wait for the lock.
 func open(path string, acquire func(*flock.Flock) (bool, error)) (*Journal, error) {
+	j := &Journal{path: path, syncDir: syncDir}
+	if err := j.open(acquire); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// open does the work of the function open on a Journal that has its path and
+// syncDir set, so a test can hand it a syncDir that fails.
+func (j *Journal) open(acquire func(*flock.Flock) (bool, error)) error {
+	path := j.path
 	if path == "" {
-		return nil, errors.New("client: journal: open: empty path")
+		return errors.New("client: journal: open: empty path")
 	}
 	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("client: journal: open: %w", err)
+	if err := j.makeDirs(dir); err != nil {
+		return fmt.Errorf("client: journal: open: %w", err)
 	}
 	// The lock lives in its own file, not on the journal: compaction replaces the
 	// journal by rename, and a lock on the replaced inode would no longer exclude a
@@ -32,29 +44,78 @@ func open(path string, acquire func(*flock.Flock) (bool, error)) (*Journal, erro
 	if err != nil {
 		_ = lock.Close()
 		if errors.Is(err, ErrJournalLocked) {
-			return nil, fmt.Errorf("client: journal: open %s: %w", path, err)
+			return fmt.Errorf("client: journal: open %s: %w", path, err)
 		}
-		return nil, fmt.Errorf("client: journal: open %s: lock: %w", path, err)
+		return fmt.Errorf("client: journal: open %s: lock: %w", path, err)
 	}
 	if !ok {
 		_ = lock.Close()
-		return nil, fmt.Errorf("client: journal: open %s: %w", path, ErrJournalLocked)
+		return fmt.Errorf("client: journal: open %s: %w", path, ErrJournalLocked)
 	}
-	j := &Journal{path: path, lock: lock, intents: make(map[idem.Key]*Intent)}
+	j.lock, j.intents = lock, make(map[idem.Key]*Intent)
 	if err := j.load(); err != nil {
 		_ = lock.Unlock()
 		_ = lock.Close()
-		return nil, err
+		j.lock = nil
+		return err
 	}
 	// Compact when the log is mostly folded attempts and forgotten keys; a journal
 	// that is mostly live intents is left alone.
 	if j.records > 1024 && j.records > 2*j.liveRecords() {
-		if err := j.compactLocked(); err != nil {
+		if _, err := j.compactLocked(); err != nil {
 			_ = j.Close()
-			return nil, err
+			return err
 		}
 	}
-	return j, nil
+	// The journal's directory entry is only durable once its directory is fsynced.
+	// Always, not only for a file created just now: a previous process may have
+	// created it, or renamed a compaction over it, and died (or failed this very
+	// fsync) before the entry was durable; what this process appends and reports
+	// durable must not sit in an inode the directory could still forget.
+	if err := j.syncDir(dir); err != nil {
+		_ = j.Close()
+		return fmt.Errorf("client: journal: open %s: %w", path, err)
+	}
+	return nil
+}
+
+// makeDirs creates dir and its missing parents, as os.MkdirAll does, and fsyncs the
+// parent of each directory it creates: a new directory's entry is only durable once
+// its parent is, and without that a power cut right after the first Append could
+// lose ~/.local/state/idem/, and the journal in it, though Append had reported the
+// key durable and the Client had sent it.
+func (j *Journal) makeDirs(dir string) error {
+	var missing []string // deepest first
+	for d := filepath.Clean(dir); ; {
+		st, err := os.Stat(d)
+		if err == nil {
+			if !st.IsDir() {
+				return fmt.Errorf("mkdir %s: not a directory", d)
+			}
+			break
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("mkdir: %w", err)
+		}
+		missing = append(missing, d)
+		parent := filepath.Dir(d)
+		if parent == d {
+			break
+		}
+		d = parent
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		d := missing[i]
+		// Another process may have just created it; its parent still needs the fsync,
+		// which that process may not have reached.
+		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("mkdir: %w", err)
+		}
+		if err := j.syncDir(filepath.Dir(d)); err != nil {
+			return fmt.Errorf("mkdir %s: %w", d, err)
+		}
+	}
+	return nil
 }
 
 // load reads the file, replays its records and positions the journal for appends.
@@ -81,11 +142,8 @@ func (j *Journal) load() error {
 			_ = f.Close()
 			return fmt.Errorf("client: journal: open %s: %w", j.path, err)
 		}
-		// The directory entry of a new file is only durable once the directory is.
-		if err := syncDir(filepath.Dir(j.path)); err != nil {
-			_ = f.Close()
-			return fmt.Errorf("client: journal: open %s: %w", j.path, err)
-		}
+		// The new file's directory entry is made durable by open, which fsyncs the
+		// directory of every journal it opens.
 		j.f, j.size = f, int64(len(magic))
 		return nil
 	}
@@ -187,6 +245,11 @@ func (j *Journal) writeLocked(rec record) error {
 	if j.f == nil {
 		return ErrJournalClosed
 	}
+	// A record appended to a compacted file whose rename is not durable would be
+	// lost with the rename: the write is not durable until the directory is.
+	if err := j.syncCompactedDirLocked(); err != nil {
+		return err
+	}
 	frame := encodeFrame(rec)
 	if len(frame)-frameHeader > maxRecord {
 		return fmt.Errorf("record of %d bytes exceeds the limit of %d", len(frame)-frameHeader, maxRecord)
@@ -221,11 +284,28 @@ func (j *Journal) liveRecords() int {
 	return n
 }
 
+// syncCompactedDirLocked retries the directory fsync a compaction could not do, if
+// one is owed.
+func (j *Journal) syncCompactedDirLocked() error {
+	if !j.dirPending {
+		return nil
+	}
+	if err := j.syncDir(filepath.Dir(j.path)); err != nil {
+		return fmt.Errorf("journal not durable since its compaction: %w", err)
+	}
+	j.dirPending = false
+	return nil
+}
+
 // compactLocked writes the intents in j.order to a new file beside the journal,
-// fsyncs it, renames it over the journal and fsyncs the directory.
-func (j *Journal) compactLocked() error {
+// fsyncs it, renames it over the journal and fsyncs the directory. renamed reports
+// whether the new file replaced the old: when it did, the journal runs on the new
+// file even if err is not nil, and err then means the directory fsync failed, so
+// the rename may not survive a crash; the journal owes that fsync and retries it
+// before its next write (and in Close), failing the write while it still fails.
+func (j *Journal) compactLocked() (renamed bool, err error) {
 	if j.f == nil {
-		return fmt.Errorf("client: journal: compact: %w", ErrJournalClosed)
+		return false, fmt.Errorf("client: journal: compact: %w", ErrJournalClosed)
 	}
 	var buf bytes.Buffer
 	buf.WriteString(magic)
@@ -264,28 +344,33 @@ func (j *Journal) compactLocked() error {
 	tmp := j.path + ".compact"
 	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return fmt.Errorf("client: journal: compact: %w", err)
+		return false, fmt.Errorf("client: journal: compact: %w", err)
 	}
 	if _, err := f.Write(buf.Bytes()); err != nil {
 		_ = f.Close()
 		_ = os.Remove(tmp)
-		return fmt.Errorf("client: journal: compact: write: %w", err)
+		return false, fmt.Errorf("client: journal: compact: write: %w", err)
 	}
 	if err := f.Sync(); err != nil {
 		_ = f.Close()
 		_ = os.Remove(tmp)
-		return fmt.Errorf("client: journal: compact: sync: %w", err)
+		return false, fmt.Errorf("client: journal: compact: sync: %w", err)
 	}
 	if err := os.Rename(tmp, j.path); err != nil {
 		_ = f.Close()
 		_ = os.Remove(tmp)
-		return fmt.Errorf("client: journal: compact: rename: %w", err)
+		return false, fmt.Errorf("client: journal: compact: rename: %w", err)
 	}
-	// Without the directory fsync the rename may not survive a crash. That is safe
-	// to ignore: either file is a complete journal with the same intents, so carry
-	// on with the new one rather than fail a compaction that has already happened.
-	_ = syncDir(filepath.Dir(j.path))
+	// The new file is the journal now, whatever the directory fsync says: carry on
+	// with it. Until that fsync succeeds a crash may bring back the old file, which
+	// holds every intent of the new one (and, after a Prune, the finished ones it
+	// dropped), but not anything appended to the new one; so the fsync is owed, and
+	// every write retries it first.
 	_ = j.f.Close()
 	j.f, j.size, j.records = f, int64(buf.Len()), records
-	return nil
+	j.dirPending = true
+	if err := j.syncCompactedDirLocked(); err != nil {
+		return true, fmt.Errorf("client: journal: compact: renamed, but the directory fsync failed, so the compaction may not survive a crash (retried before the next write): %w", err)
+	}
+	return true, nil
 }

@@ -11,10 +11,13 @@ import (
 
 // retryable reports whether a response leaves the outcome open. 5xx: the server
 // failed, perhaps before committing. 409: the first arrival with this key is still
-// running. 408 and 429: the server asks us to come back. Any other status is final.
+// running. 408, 425 and 429: the server asks us to come back (the ingress never
+// stores them as a key's answer). Any other status is final, but for a redirect,
+// which is no answer at all (see Client.send).
 func retryable(status int) bool {
 	return status >= 500 || status == http.StatusConflict ||
-		status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
+		status == http.StatusRequestTimeout || status == http.StatusTooEarly ||
+		status == http.StatusTooManyRequests
 }
 
 // parseRetryAfter reads a Retry-After value (RFC 9110 §10.2.3): delay-seconds or an

@@ -8,7 +8,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/faults"
@@ -16,49 +19,90 @@ import (
 
 var (
 	errHandler   = errors.New("handler failed")
-	errAbandoned = errors.New("batch abandoned after commit (fault point)")
+	errAbandoned = errors.New("batch abandoned (fault point)")
 )
 
-// runBatches runs ds as one transaction. A delivery whose handler fails is taken out
-// and the rest run again in a fresh transaction, so one bad message never takes its
-// batch down.
+// runBatches takes deliveries from claim to settlement. First deliveries run as one
+// transaction. A redelivered one (Deliveries > 1: its worker may have died on it) is
+// charged an attempt in Postgres first and runs alone, so a message that crashes
+// its worker uses up its own attempts, not its batch-mates'.
 func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 	stopBeat := c.heartbeat(ctx, ds)
 	defer stopBeat()
+	var first []*Delivery
+	var again []*Delivery
+	for _, d := range ds {
+		if d.Deliveries > 1 {
+			again = append(again, d)
+		} else {
+			first = append(first, d)
+		}
+	}
+	if len(first) > 0 {
+		c.runTransactions(ctx, first, nil)
+	}
+	for _, d := range again {
+		var n int
+		err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() (err error) {
+			n, err = c.attempts.start(ctx, d.Key)
+			return err
+		})
+		if err != nil {
+			continue // shutting down: handed back by whileDatabaseDown
+		}
+		c.runTransactions(ctx, []*Delivery{d}, map[*Delivery]int{d: n})
+	}
+}
+
+// runTransactions runs ds as one transaction. A delivery whose handler fails is
+// taken out and the rest run again in a fresh transaction, so one bad message never
+// takes its batch down. attempt holds the Postgres count of the deliveries charged
+// before the run; the others are on their first attempt.
+func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt map[*Delivery]int) {
 	for len(ds) > 0 {
 		start := time.Now()
-		res, err := c.runBatch(ctx, ds)
+		var res batchResult
+		err := c.whileDatabaseDown(ctx, ds, func() (err error) {
+			res, err = c.runBatch(ctx, ds, attempt)
+			return err
+		})
 		var fa failedAt
 		switch {
 		case err == nil:
 			c.settle(ctx, res, time.Since(start))
 			return
+		case errors.Is(err, errStopping):
+			return // handed back by whileDatabaseDown
 		case errors.As(err, &fa):
-			c.fail(ctx, ds[fa.index], ds[fa.index].Deliveries, fa.err)
+			c.handlerFailed(ctx, ds[fa.index], fa.err)
 			ds = append(ds[:fa.index:fa.index], ds[fa.index+1:]...)
 		case errors.Is(err, errAbandoned):
-			c.log.WarnContext(ctx, "batch abandoned after commit, before ack (fault point)", "messages", len(ds))
+			c.log.WarnContext(ctx, "batch abandoned (fault point)", "err", err, "messages", len(ds))
 			c.observe(OutcomeAbandoned, len(ds), 0)
 			return
-		case len(ds) > 1 && errors.Is(err, errHandler):
+		case len(ds) > 1:
 			// A batch handler failed without saying where: run each delivery alone.
 			for _, d := range ds {
-				c.runBatches(ctx, []*Delivery{d})
+				c.runTransactions(ctx, []*Delivery{d}, attempt)
 			}
-			return
-		case errors.Is(err, errHandler):
-			c.fail(ctx, ds[0], ds[0].Deliveries, err)
 			return
 		default:
-			// The database or the transaction failed, not a handler: the deliveries
-			// are redelivered after a short pause.
-			c.log.ErrorContext(ctx, "batch failed; will be redelivered", "err", err, "messages", len(ds))
-			for _, d := range ds {
-				c.retryLater(d, c.cfg.Backoff(1))
-			}
+			c.handlerFailed(ctx, ds[0], err)
 			return
 		}
 	}
+}
+
+// handlerFailed charges a handler's failure to its message in Postgres and retries
+// or dead-letters it by that count. A database that cannot record the charge does
+// not stop the retry: the message comes back after its backoff, uncharged.
+func (c *Consumer) handlerFailed(ctx context.Context, d *Delivery, err error) {
+	n, rerr := c.attempts.fail(ctx, d.Key, err)
+	if rerr != nil {
+		c.log.WarnContext(ctx, "handler failure not recorded; retrying uncharged", "key", d.Key, "err", rerr)
+		n = 1
+	}
+	c.fail(ctx, d, n, err)
 }
 
 // batchResult is what a committed batch leaves to settle.
@@ -68,16 +112,19 @@ type batchResult struct {
 	poison     map[*Delivery]string
 }
 
-// runBatch is the transaction: claim, run the new, store results, commit.
-func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery) (batchResult, error) {
+// runBatch is the transaction: claim, run the new, store results, commit. Its error
+// is a failedAt or errHandler for a handler's failure, errAbandoned for the fault
+// point after commit, and anything else for the database's (retried in place).
+func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*Delivery]int) (batchResult, error) {
 	res := batchResult{poison: map[*Delivery]string{}}
 	fs := faults.From(ctx)
 
 	// One claim per key: later deliveries of a key in the same batch are
-	// duplicates of the first (or, with another payload, poison). Deliveries past
-	// MaxDeliver whose key is new never reached a commit (the worker kept dying, or
-	// the handler kept failing): they are only checked, never claimed, so that a
-	// replay of their dead letter can still run the effect.
+	// duplicates of the first (or, with another payload, poison). Deliveries whose
+	// attempts (counted in Postgres) passed MaxDeliver never reached a commit (the
+	// worker kept dying on them, or the handler kept failing): they are only
+	// checked, never claimed, so that a replay of their dead letter can still run
+	// the effect.
 	first := make(map[string]*Delivery, len(ds))
 	var claims, checks []dedupe.Claim
 	var repeats []*Delivery
@@ -92,7 +139,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery) (batchResult, e
 		}
 		first[d.Key] = d
 		cl := dedupe.Claim{Key: d.Key, Payload: d.Payload}
-		if d.Deliveries > c.cfg.MaxDeliver {
+		if attempt[d] > c.cfg.MaxDeliver {
 			checks = append(checks, cl)
 		} else {
 			claims = append(claims, cl)
@@ -120,7 +167,8 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery) (batchResult, e
 	for k, v := range checked {
 		if v == dedupe.Absent {
 			d := first[k]
-			res.poison[d] = fmt.Sprintf("%s: delivered %d times, MaxDeliver is %d", reasonMaxDeliver, d.Deliveries, c.cfg.MaxDeliver)
+			res.poison[d] = fmt.Sprintf("%s: attempted %d times without an outcome (%d deliveries), MaxDeliver is %d",
+				reasonMaxDeliver, attempt[d]-1, d.Deliveries, c.cfg.MaxDeliver)
 			continue
 		}
 		verdicts[k] = v
@@ -142,7 +190,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery) (batchResult, e
 	}
 
 	if len(fresh) > 0 {
-		results, err := c.batch.HandleBatch(ctx, tx, fresh)
+		results, err := c.handle(ctx, tx, fresh)
 		if err != nil {
 			var fa failedAt
 			if errors.As(err, &fa) && fa.index >= 0 && fa.index < len(fresh) {
@@ -163,10 +211,19 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery) (batchResult, e
 			}
 		}
 	}
-	if err := fs.Hit(ctx, faults.EffectBeforeCommit, keysOf(ds)); err != nil {
-		return res, fmt.Errorf("consumer: before commit: %w", err)
+	if len(fresh) == 0 {
+		// No handler ran: nothing for the fault point to interrupt.
+	} else if err := fs.Hit(ctx, faults.EffectBeforeCommit, keysOf(fresh)); err != nil {
+		// As if the worker died here: the transaction rolls back with the
+		// deferred Rollback, and the messages are left for their AckWait.
+		return res, fmt.Errorf("%w: before commit: %w", errAbandoned, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if errors.Is(err, pgx.ErrTxCommitRollback) {
+			// A handler ignored a failed statement and left the transaction
+			// aborted: its failure, not the database's.
+			return res, fmt.Errorf("%w: the transaction was aborted by a failed statement the handler ignored: %w", errHandler, err)
+		}
 		return res, fmt.Errorf("consumer: commit: %w", err)
 	}
 	res.processed = fresh
@@ -221,4 +278,22 @@ func keysOf(ds []*Delivery) []string {
 		keys[i] = d.Key
 	}
 	return keys
+}
+
+// handle runs the batch handler, turning a panic into that handler's failure: the
+// worker survives, the message fails alone (a panicking batch is run one delivery
+// at a time) and is charged like any failure.
+func (c *Consumer) handle(ctx context.Context, tx pgx.Tx, ds []*Delivery) (results [][]byte, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.ErrorContext(ctx, "handler panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			results, err = nil, fmt.Errorf("handler panicked: %v", v)
+		}
+	}()
+	if fs := faults.From(ctx); fs != nil {
+		for _, d := range ds {
+			fs.Marked(d.Headers[faults.MarkHeader])
+		}
+	}
+	return c.batch.HandleBatch(ctx, tx, ds)
 }

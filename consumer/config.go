@@ -32,6 +32,10 @@ const (
 	// DefaultLeaseFor is how long an external effect's claim outlives a worker that
 	// stopped extending it.
 	DefaultLeaseFor = 30 * time.Second
+	// DefaultMaxBufferedBytes bounds the bytes fetched ahead of the handlers.
+	DefaultMaxBufferedBytes = 16 << 20
+	// DefaultMaxBatchBytes bounds the bytes of one batch.
+	DefaultMaxBatchBytes = 4 << 20
 )
 
 // Config configures a Consumer. Name, Stream, Subject and exactly one handler are
@@ -88,6 +92,16 @@ type Config struct {
 	// MaxAckPending bounds messages delivered and not yet acked (default
 	// max(1000, 4*BatchSize*Concurrency)).
 	MaxAckPending int
+	// MaxBufferedBytes bounds the payload and header bytes fetched ahead of the
+	// handlers: the pull requests ask for at most this much, and the consumer's
+	// own queue holds at most this much (default 16 MiB; raised to the broker's
+	// max_payload if smaller, or a single message could never be fetched).
+	MaxBufferedBytes int64
+	// MaxBatchBytes bounds the bytes of one batch (default 4 MiB; a single bigger
+	// message is still taken alone). With MaxBufferedBytes it bounds the memory a
+	// consumer holds by bytes, not only by message counts:
+	// 2*MaxBufferedBytes + Concurrency*MaxBatchBytes.
+	MaxBatchBytes int64
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -116,7 +130,7 @@ func (c Config) validate() error {
 		return fmt.Errorf("consumer %s: Subject is required", c.Name)
 	case handlers != 1:
 		return fmt.Errorf("consumer %s: set exactly one of Handler, BatchHandler and External", c.Name)
-	case c.BatchSize < 0, c.Concurrency < 0, c.MaxDeliver < 0, c.MaxAckPending < 0:
+	case c.BatchSize < 0, c.Concurrency < 0, c.MaxDeliver < 0, c.MaxAckPending < 0, c.MaxBufferedBytes < 0, c.MaxBatchBytes < 0:
 		return fmt.Errorf("consumer %s: sizes must not be negative", c.Name)
 	case c.AckWait < 0, c.Linger < 0, c.KeyLifetime < 0, c.LeaseFor < 0:
 		return fmt.Errorf("consumer %s: durations must not be negative", c.Name)
@@ -165,6 +179,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxAckPending == 0 {
 		c.MaxAckPending = max(1000, 4*c.BatchSize*c.Concurrency)
+	}
+	if c.MaxBufferedBytes == 0 {
+		c.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

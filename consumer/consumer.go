@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -53,6 +52,11 @@ type Consumer struct {
 	inbox  *dedupe.Inbox
 	q      queries
 	batch  BatchHandler // the in-transaction handler, nil for External
+
+	attempts *attemptCounter
+	// stopping is closed when Run's context ends: work held while the database is
+	// down is handed back then.
+	stopping <-chan struct{}
 }
 
 // New returns a consumer. It does not touch the broker until Run.
@@ -73,6 +77,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, err
 		log:    cfg.Logger.With("consumer", cfg.Name, "subject", cfg.Subject),
 		tracer: cfg.TracerProvider.Tracer("github.com/idemkit/idem/consumer"),
 	}
+	c.attempts = &attemptCounter{pool: pool, consumer: cfg.Name, lifetime: cfg.KeyLifetime, q: c.q}
 	switch {
 	case cfg.BatchHandler != nil:
 		c.batch = cfg.BatchHandler
@@ -104,21 +109,24 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // already started (commit or complete, then ack) and returns nil. Messages received
 // but not started are handed straight back to the broker.
 func (c *Consumer) Run(ctx context.Context) error {
+	c.stopping = ctx.Done()
 	jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
 	if err != nil {
 		return fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
 	}
-	// A message waiting in the buffer gets no heartbeats, so the buffer holds about
-	// what the workers can start soon: BatchSize per worker.
-	inFlight := c.cfg.BatchSize * c.cfg.Concurrency
-	buffer := make(chan jetstream.Msg, inFlight)
+	// The queue holds about what the workers can start soon: BatchSize per worker,
+	// and no more bytes than MaxBufferedBytes; the pulls ask for no more bytes
+	// than that either.
+	maxBuffered := c.cfg.MaxBufferedBytes
+	if mp := c.js.Conn().MaxPayload(); maxBuffered < mp {
+		maxBuffered = mp // a smaller pull could never fetch the biggest message
+	}
+	q := newQueue(c.cfg.BatchSize*c.cfg.Concurrency, maxBuffered)
 	cc, err := jc.Consume(func(m jetstream.Msg) {
-		select {
-		case buffer <- m:
-		case <-ctx.Done():
+		if !q.push(ctx, m) {
 			_ = m.Nak() // shutting down: hand it straight back for another worker
 		}
-	}, jetstream.PullMaxMessages(2*inFlight),
+	}, jetstream.PullMaxBytes(int(maxBuffered)),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			c.log.WarnContext(ctx, "consumer: pull error", "err", err)
 		}))
@@ -127,6 +135,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.log.InfoContext(ctx, "consumer started", "stream", c.cfg.Stream, "external", c.cfg.External != nil,
 		"batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
+	// Queued messages get heartbeats like those being worked on.
+	stopBeat := every(ctx, c.cfg.AckWait/3, func() bool {
+		q.each(func(m jetstream.Msg) { _ = m.InProgress() })
+		return true
+	})
 
 	// Work in flight finishes on a context that survives ctx: a half-done batch
 	// would only be redelivered (an effect cut off half-way performed again after
@@ -138,11 +151,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			for {
-				batch, ok := c.nextBatch(ctx, buffer)
+				batch, ok := q.take(ctx, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.Linger)
 				if len(batch) > 0 {
 					c.process(work, batch)
 				}
-				if !ok {
+				if !ok || ctx.Err() != nil {
 					return
 				}
 			}
@@ -151,54 +164,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	<-ctx.Done()
 	cc.Stop()
 	wg.Wait()
-	for {
-		select {
-		case m := <-buffer:
-			_ = m.Nak()
-			continue
-		default:
-		}
-		break
+	stopBeat()
+	// Messages queued but never started go back to the broker now rather than
+	// after AckWait.
+	for _, m := range q.drain() {
+		_ = m.Nak()
 	}
 	c.log.InfoContext(ctx, "consumer stopped")
 	return nil
-}
-
-// nextBatch blocks for one message, then takes whatever else is buffered (waiting
-// at most Linger) up to BatchSize. ok is false once ctx is done.
-func (c *Consumer) nextBatch(ctx context.Context, buffer <-chan jetstream.Msg) (batch []jetstream.Msg, ok bool) {
-	select {
-	case <-ctx.Done():
-		return nil, false
-	case m := <-buffer:
-		batch = append(batch, m)
-	}
-	var linger <-chan time.Time
-	if c.cfg.Linger > 0 {
-		t := time.NewTimer(c.cfg.Linger)
-		defer t.Stop()
-		linger = t.C
-	}
-	for len(batch) < c.cfg.BatchSize {
-		select {
-		case m := <-buffer:
-			batch = append(batch, m)
-			continue
-		default:
-		}
-		if linger == nil {
-			return batch, true
-		}
-		select {
-		case m := <-buffer:
-			batch = append(batch, m)
-		case <-linger:
-			return batch, true
-		case <-ctx.Done():
-			return batch, true
-		}
-	}
-	return batch, true
 }
 
 // process takes fetched messages from delivery to settlement: decode (poison is

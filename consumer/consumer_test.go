@@ -302,8 +302,8 @@ func TestCrashBeforeCommitLosesClaimAndEffect(t *testing.T) {
 	if n := b.env.Effects(t, "k-before"); n != 1 {
 		t.Fatalf("effects = %d, want 1: the rolled-back attempt left nothing, the redelivery ran once", n)
 	}
-	if n := b.out.Get(consumer.OutcomeFailed); n != 1 {
-		t.Errorf("failed outcomes = %d, want 1 (the rolled-back attempt)", n)
+	if n := b.out.Get(consumer.OutcomeAbandoned); n != 1 {
+		t.Errorf("abandoned outcomes = %d, want 1 (the rolled-back attempt, left for its AckWait)", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-before'`); n != 1 {
 		t.Errorf("inbox rows = %d, want 1", n)

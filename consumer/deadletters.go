@@ -28,9 +28,130 @@ type DeadLetter struct {
 	Deliveries int               `json:"deliveries"`
 	CreatedAt  time.Time         `json:"created_at"`
 	ReplayedAt *time.Time        `json:"replayed_at,omitempty"`
+	// InboxExpiresAt is the replay horizon: when the consumer's inbox may forget
+	// the key. A replay after it could run an effect twice and is refused unless
+	// forced. Nil for dead letters filed before schema v3 (horizon unknown) and for
+	// those the relay filed (outbox.RelayConsumer: never delivered, no horizon).
+	InboxExpiresAt *time.Time `json:"inbox_expires_at,omitempty"`
+
+	// withinHorizon is InboxExpiresAt > now() by the database's clock when the row
+	// was read; nil when InboxExpiresAt is.
+	withinHorizon *bool
 }
 
+// Filter selects dead letters. Its zero value selects every dead letter not yet
+// replayed; each field set narrows the selection.
+type Filter struct {
+	// Consumer selects one consumer's dead letters (outbox.RelayConsumer: the
+	// relay's).
+	Consumer string
+	// ReasonPrefix selects dead letters whose reason starts with it, such as
+	// "permanent handler error" or "max deliveries exceeded".
+	ReasonPrefix string
+	// Since and Until select dead letters filed in [Since, Until); a zero time is
+	// unbounded.
+	Since, Until time.Time
+	// IDs, when not nil, selects only these dead letters (an empty, non-nil slice
+	// selects none).
+	IDs []int64
+	// IncludeReplayed also selects dead letters replayed before.
+	IncludeReplayed bool
+	// Limit is the most dead letters selected (0: no limit).
+	Limit int
+}
+
+func (f Filter) validate() error {
+	if f.Limit < 0 {
+		return errors.New("consumer: dead letters: Filter.Limit must not be negative")
+	}
+	return nil
+}
+
+// args are the parameters $1..$6 of sqlDeadLetterFilter.
+func (f Filter) args() []any {
+	at := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		return &t
+	}
+	return []any{f.Consumer, f.ReasonPrefix, at(f.Since), at(f.Until), f.IDs, f.IncludeReplayed}
+}
+
+// ReplayOptions tune a replay.
+type ReplayOptions struct {
+	// DryRun writes nothing and locks nothing: the report says which dead letters
+	// would be replayed and which refused.
+	DryRun bool
+	// Force replays dead letters past their replay horizon, or whose horizon is
+	// unknown (filed before schema v3). It may run an effect twice if the consumer
+	// had completed this key before: its inbox may no longer remember that. A dead
+	// letter without a valid key is refused even when forced.
+	Force bool
+	// BatchSize is how many dead letters one transaction replays (default
+	// DefaultReplayBatch).
+	BatchSize int
+}
+
+// DefaultReplayBatch is how many dead letters a bulk replay commits at once.
+const DefaultReplayBatch = 100
+
+// Actions of a ReplayResult.
+const (
+	// ActionReplayed: written to the outbox for the relay to publish, and marked
+	// replayed.
+	ActionReplayed = "replayed"
+	// ActionWouldReplay: a dry run found nothing against replaying it.
+	ActionWouldReplay = "would-replay"
+	// ActionRefused: not replayed; Reason says why.
+	ActionRefused = "refused"
+)
+
+// ReplayResult is what a replay did (or, in a dry run, would do) with one dead
+// letter.
+type ReplayResult struct {
+	ID       int64  `json:"id"`
+	Consumer string `json:"consumer"`
+	Key      string `json:"key"`
+	Action   string `json:"action"`
+	// Reason is why the dead letter was refused; empty otherwise.
+	Reason string `json:"reason"`
+}
+
+// ReplayReport lists every dead letter a replay selected, oldest first.
+type ReplayReport struct {
+	Results []ReplayResult
+}
+
+// Count is how many results have action.
+func (r ReplayReport) Count(action string) int {
+	n := 0
+	for _, res := range r.Results {
+		if res.Action == action {
+			n++
+		}
+	}
+	return n
+}
+
+// ErrReplayRefused is wrapped by the error of a replay that was refused: past the
+// replay horizon, horizon unknown, or nothing replayable (no valid key, a header
+// that cannot be sent).
+var ErrReplayRefused = errors.New("replay refused")
+
 // DeadLetters is the operator's view of idem_dead_letters: list, inspect, replay.
+//
+// A replay puts a dead letter back on its way with its original key: it writes the
+// message into the outbox under a new Msg-Id generation (so the broker's duplicate
+// window does not swallow it, nor a second replay) and records the replay, in one
+// transaction; the relay publishes it. The message carries idem.HeaderReplayFor
+// naming the consumer that dead-lettered it: every other consumer of the subject
+// acks it without an effect, since its inbox may have forgotten the key by then. A
+// replay of a message whose effect already happened is still a duplicate, folded
+// by the consumer's inbox — as long as the inbox remembers the key, which is why a
+// replay past the dead letter's horizon (InboxExpiresAt) is refused unless forced.
+// A dead letter the relay filed (outbox.RelayConsumer) never reached the stream:
+// its replay is its first publish, for every consumer, and has no horizon.
 type DeadLetters struct {
 	pool   *pgxpool.Pool
 	q      queries
@@ -49,9 +170,22 @@ func NewDeadLetters(pool *pgxpool.Pool, schema string) (*DeadLetters, error) {
 	return &DeadLetters{pool: pool, q: newQueries(schema), outbox: ob}, nil
 }
 
-// List returns up to limit dead letters, newest first.
+// List returns up to limit dead letters (limit <= 0: all), replayed or not, newest
+// first: Find with Filter{IncludeReplayed: true, Limit: limit}.
 func (dl *DeadLetters) List(ctx context.Context, limit int) ([]DeadLetter, error) {
-	rows, err := dl.pool.Query(ctx, dl.q.listDeadLetters, limit)
+	return dl.Find(ctx, Filter{IncludeReplayed: true, Limit: max(limit, 0)})
+}
+
+// Find returns the dead letters f selects, newest first.
+func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error) {
+	if err := f.validate(); err != nil {
+		return nil, err
+	}
+	var limit *int
+	if f.Limit > 0 {
+		limit = &f.Limit
+	}
+	rows, err := dl.pool.Query(ctx, dl.q.findDeadLetters, append(f.args(), limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
 	}
@@ -67,37 +201,207 @@ func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
 	return getDeadLetter(ctx, dl.pool, dl.q.getDeadLetter, id)
 }
 
-// Replay puts dead letter id back on its way, with its original key: it writes the
-// message into the outbox under a new Msg-Id generation (so the broker's duplicate
-// window does not swallow it, nor a second replay) and records the replay, in one
-// transaction. The relay publishes it. A replay of a message whose effect already
-// happened is still a duplicate: the inbox folds it by key. A message without a
-// valid key cannot be replayed: fix its producer instead.
-func (dl *DeadLetters) Replay(ctx context.Context, id int64) (DeadLetter, error) {
-	var out DeadLetter
+// ReplayID replays dead letter id, replayed before or not (a second replay is
+// folded by the inbox); two replays of one dead letter at once run in turn. The
+// result says what was done. A refusal is also an error, wrapping ErrReplayRefused
+// (and idem.ErrMissingKey or idem.ErrMalformedKey for a dead letter without a
+// valid key); nothing is written. With opts.DryRun nothing is written either way.
+func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOptions) (ReplayResult, error) {
+	judge := func(d DeadLetter, action string) (ReplayResult, error) {
+		refused := d.refusal(opts.Force)
+		res := d.result(action, refused)
+		if refused != nil {
+			return res, fmt.Errorf("consumer: replay dead letter %d: %w", id, refused)
+		}
+		return res, nil
+	}
+	if opts.DryRun {
+		d, err := getDeadLetter(ctx, dl.pool, dl.q.getDeadLetter, id)
+		if err != nil {
+			return ReplayResult{}, err
+		}
+		return judge(d, ActionWouldReplay)
+	}
+	var res ReplayResult
 	err := pgx.BeginFunc(ctx, dl.pool, func(tx pgx.Tx) error {
 		d, err := getDeadLetter(ctx, tx, dl.q.getDeadLetterForUpdate, id)
 		if err != nil {
 			return err
 		}
-		headers := make(map[string]string, len(d.Headers))
-		for k, v := range d.Headers {
-			if k != idem.HeaderKey && k != idem.HeaderMsgID {
-				headers[k] = v // the relay sets both afresh
-			}
+		if res, err = judge(d, ActionReplayed); err != nil {
+			return err
 		}
-		msg := idem.Message{Key: d.Key, Subject: d.Subject, Headers: headers, Payload: d.Payload}
-		generation := fmt.Sprintf("replay-%d-%d", id, time.Now().UnixNano())
-		if err := dl.outbox.Republish(ctx, tx, generation, msg); err != nil {
-			return fmt.Errorf("consumer: replay dead letter %d: %w", id, err)
+		if err := dl.republish(ctx, tx, d); err != nil {
+			return err
 		}
-		if _, err := tx.Exec(ctx, dl.q.markReplayed, id); err != nil {
+		if _, err := tx.Exec(ctx, dl.q.markReplayed, []int64{id}); err != nil {
 			return fmt.Errorf("consumer: replay dead letter %d: record: %w", id, err)
 		}
-		out = d
 		return nil
 	})
-	return out, err
+	if err != nil && res.Action != ActionRefused {
+		return ReplayResult{}, err
+	}
+	return res, err
+}
+
+// Replay replays every dead letter f selects, oldest first, one transaction per
+// opts.BatchSize of them; the report lists each with what was done (or, in a dry
+// run, would be done). Dead letters another replay holds at the same moment are
+// left to it, and each is replayed at most once per call, so two operators
+// replaying the same selection at once replay every dead letter once between them.
+// A refusal is a result, not an error: the others are still replayed. An error
+// stops the replay; the report holds the batches committed before it.
+func (dl *DeadLetters) Replay(ctx context.Context, f Filter, opts ReplayOptions) (ReplayReport, error) {
+	if err := f.validate(); err != nil {
+		return ReplayReport{}, err
+	}
+	if opts.BatchSize < 0 {
+		return ReplayReport{}, errors.New("consumer: replay: BatchSize must not be negative")
+	}
+	if opts.BatchSize == 0 {
+		opts.BatchSize = DefaultReplayBatch
+	}
+	var rep ReplayReport
+	var after int64 // the cursor: every call moves past a dead letter once
+	for {
+		n := opts.BatchSize
+		if f.Limit > 0 {
+			n = min(n, f.Limit-len(rep.Results))
+		}
+		if n <= 0 {
+			return rep, nil
+		}
+		results, err := dl.replayBatch(ctx, f, opts, after, n)
+		if err != nil {
+			return rep, err
+		}
+		rep.Results = append(rep.Results, results...)
+		if len(results) < n {
+			return rep, nil
+		}
+		after = results[len(results)-1].ID
+	}
+}
+
+// replayBatch replays (or judges, in a dry run) up to n dead letters after id
+// after, in one transaction.
+func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOptions, after int64, n int) ([]ReplayResult, error) {
+	args := append(f.args(), after, n)
+	if opts.DryRun {
+		rows, err := dl.pool.Query(ctx, dl.q.replayBatchDry, args...)
+		if err != nil {
+			return nil, fmt.Errorf("consumer: replay: %w", err)
+		}
+		ds, err := pgx.CollectRows(rows, scanDeadLetter)
+		if err != nil {
+			return nil, fmt.Errorf("consumer: replay: %w", err)
+		}
+		results := make([]ReplayResult, len(ds))
+		for i, d := range ds {
+			results[i] = d.result(ActionWouldReplay, d.refusal(opts.Force))
+		}
+		return results, nil
+	}
+	var results []ReplayResult
+	err := pgx.BeginFunc(ctx, dl.pool, func(tx pgx.Tx) error {
+		results = results[:0]
+		rows, err := tx.Query(ctx, dl.q.replayBatch, args...)
+		if err != nil {
+			return fmt.Errorf("consumer: replay: %w", err)
+		}
+		ds, err := pgx.CollectRows(rows, scanDeadLetter)
+		if err != nil {
+			return fmt.Errorf("consumer: replay: %w", err)
+		}
+		var replayed []int64
+		for _, d := range ds {
+			refused := d.refusal(opts.Force)
+			if refused == nil {
+				if err := dl.republish(ctx, tx, d); err != nil {
+					return err
+				}
+				replayed = append(replayed, d.ID)
+			}
+			results = append(results, d.result(ActionReplayed, refused))
+		}
+		if len(replayed) > 0 {
+			if _, err := tx.Exec(ctx, dl.q.markReplayed, replayed); err != nil {
+				return fmt.Errorf("consumer: replay: record: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+// republish writes d's message into the outbox, inside tx, under a generation of
+// its own: two dead letters of one subject and key (one per consumer, say) replayed
+// together must not share a Nats-Msg-Id.
+func (dl *DeadLetters) republish(ctx context.Context, tx pgx.Tx, d DeadLetter) error {
+	generation := fmt.Sprintf("replay-%d-%d", d.ID, time.Now().UnixNano())
+	if err := dl.outbox.Republish(ctx, tx, generation, d.message()); err != nil {
+		return fmt.Errorf("consumer: replay dead letter %d: %w", d.ID, err)
+	}
+	return nil
+}
+
+// message is what a replay of d publishes: the original subject, key, headers and
+// payload, addressed to the consumer that dead-lettered it.
+func (d DeadLetter) message() idem.Message {
+	headers := make(map[string]string, len(d.Headers)+1)
+	for k, v := range d.Headers {
+		switch k {
+		case idem.HeaderKey, idem.HeaderMsgID, idem.HeaderReplayFor:
+			// The relay sets the first two afresh; the target is set below.
+		default:
+			headers[k] = v
+		}
+	}
+	if d.Consumer != outbox.RelayConsumer {
+		headers[idem.HeaderReplayFor] = d.Consumer
+	}
+	return idem.Message{Key: d.Key, Subject: d.Subject, Headers: headers, Payload: d.Payload}
+}
+
+// refusal says why d must not be replayed now (wrapping ErrReplayRefused), or nil.
+func (d DeadLetter) refusal(force bool) error {
+	if _, _, err := idem.ParseScopedKey(d.Key); err != nil {
+		return fmt.Errorf("%w: no valid %s (%w): fix its producer instead", ErrReplayRefused, idem.HeaderKey, err)
+	}
+	if err := idem.ValidateSubject(d.Subject); err != nil {
+		return fmt.Errorf("%w: subject: %w", ErrReplayRefused, err)
+	}
+	for name, v := range d.message().Headers {
+		if err := idem.ValidateHeader(name, v); err != nil {
+			return fmt.Errorf("%w: %w", ErrReplayRefused, err)
+		}
+	}
+	if force || d.Consumer == outbox.RelayConsumer {
+		return nil
+	}
+	switch {
+	case d.withinHorizon == nil:
+		return fmt.Errorf("%w: replay horizon unknown (filed before schema v3): the inbox of consumer %s may have forgotten key %q, "+
+			"so a replay could run its effect twice; force it only if the effect never ran", ErrReplayRefused, d.Consumer, d.Key)
+	case !*d.withinHorizon:
+		return fmt.Errorf("%w: past its replay horizon: the inbox of consumer %s may have forgotten key %q since %s, "+
+			"so a replay could run its effect twice; force it only if the effect never ran",
+			ErrReplayRefused, d.Consumer, d.Key, d.InboxExpiresAt.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// result is d's line in a report: action, or refused with the reason.
+func (d DeadLetter) result(action string, refused error) ReplayResult {
+	r := ReplayResult{ID: d.ID, Consumer: d.Consumer, Key: d.Key, Action: action}
+	if refused != nil {
+		r.Action, r.Reason = ActionRefused, refused.Error()
+	}
+	return r
 }
 
 type queryer interface {
@@ -122,7 +426,8 @@ func getDeadLetter(ctx context.Context, db queryer, sql string, id int64) (DeadL
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var dl DeadLetter
 	var headers []byte
-	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Key, &dl.Subject, &headers, &dl.Payload, &dl.Reason, &dl.Deliveries, &dl.CreatedAt, &dl.ReplayedAt)
+	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Key, &dl.Subject, &headers, &dl.Payload, &dl.Reason, &dl.Deliveries, &dl.CreatedAt, &dl.ReplayedAt,
+		&dl.InboxExpiresAt, &dl.withinHorizon)
 	if err == nil && len(headers) > 0 {
 		err = json.Unmarshal(headers, &dl.Headers)
 	}

@@ -24,10 +24,24 @@
 // runs the effect; a crash after COMMIT (before the ack) keeps both and the
 // redelivery is folded. Exactly once, by construction.
 //
-// A handler error rolls the batch back; the failing delivery is taken out and
-// retried after Backoff, and the rest of the batch runs again without it. Past
+// A handler error (or panic) rolls the batch back; the failing delivery is taken out
+// and retried after Backoff, and the rest of the batch runs again without it. Past
 // MaxDeliver attempts, or at once for an error wrapped with Permanent, the message
 // is dead-lettered.
+//
+// # What counts as an attempt
+//
+// Only a message's own attempts count toward MaxDeliver, and they are counted in
+// Postgres (idem_attempts), not by JetStream's delivery count, which also counts
+// deliveries lost to a database outage or to a batch-mate that crashed the worker.
+// A failed handler is charged; a redelivered message (its worker may have died on
+// it) is charged when it starts and runs alone, so a message that kills its worker
+// uses up its own budget, not its batch-mates'. A first delivery costs no write.
+//
+// A database that cannot be reached is nobody's message's fault: the consumer
+// holds the messages it has (in-progress heartbeats keep them), waits with a
+// growing pause and tries again, instead of naking them into a storm of
+// redeliveries.
 //
 // # External effects
 //
@@ -52,8 +66,11 @@
 // dedupes on Message-ID) the effect is exactly once; toward one that does not, at
 // least once — never silently zero: a key is marked done only after Perform
 // returned success, and a message is acked only after that, or dead-lettered with
-// its reason. Never two attempts at once while the holder is alive: a live lease
-// makes every other delivery back off.
+// its reason. Never two attempts at once: a live lease makes every other delivery
+// back off, and a holder that cannot extend its lease (its database stalls, it is
+// partitioned) cancels its own Perform before the lease can have run out, by its
+// own clock (LeaseFor after it sent the last successful extension, minus a
+// margin); a handler must stop when its context is cancelled.
 //
 // # Poison and dead letters
 //

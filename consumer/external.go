@@ -9,6 +9,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/idemkit/idem/dedupe"
@@ -92,12 +94,19 @@ var errLeaseLost = errors.New("consumer: lease lost to another worker")
 
 // perform takes one delivery of an external effect from lease to ack.
 func (c *Consumer) perform(ctx context.Context, d *Delivery) {
-	lr, err := c.inbox.Lease(ctx, c.pool, c.cfg.Name, d.Key, d.Payload, c.cfg.LeaseFor, c.cfg.KeyLifetime)
+	// The local clock's view of when the lease was taken: read before the statement
+	// is sent, so the lease cannot have started earlier than this (see fence).
+	var lr dedupe.LeaseResult
+	var sent time.Time
+	stopBeat := c.heartbeat(ctx, []*Delivery{d}) // while the database may be down
+	err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() (err error) {
+		sent = time.Now()
+		lr, err = c.inbox.Lease(ctx, c.pool, c.cfg.Name, d.Key, d.Payload, c.cfg.LeaseFor, c.cfg.KeyLifetime)
+		return err
+	})
+	stopBeat()
 	if err != nil {
-		// The database failed, not the message: try again shortly.
-		c.log.ErrorContext(ctx, "lease failed; will be redelivered", "key", d.Key, "err", err)
-		c.retryLater(d, c.cfg.Backoff(1))
-		return
+		return // shutting down: handed back by whileDatabaseDown
 	}
 	switch lr.Outcome {
 	case dedupe.LeaseDone:
@@ -117,18 +126,18 @@ func (c *Consumer) perform(ctx context.Context, d *Delivery) {
 		_ = d.raw.NakWithDelay(delay)
 		c.observe(OutcomeBusy, 1, 0)
 	case dedupe.LeaseAcquired:
-		c.performLeased(ctx, d, lr)
+		c.performLeased(ctx, d, lr, sent)
 	default:
 		c.log.ErrorContext(ctx, "unknown lease outcome; will be redelivered", "key", d.Key, "outcome", lr.Outcome)
 		c.retryLater(d, c.cfg.Backoff(1))
 	}
 }
 
-// performLeased runs the handler under the lease it acquired, then records the
-// outcome.
-func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.LeaseResult) {
+// performLeased runs the handler under the lease it acquired (the acquisition was
+// sent at sent, by the local clock), then records the outcome.
+func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.LeaseResult, sent time.Time) {
 	h := lr.Holder
-	attempt := attempts(d, lr)
+	attempt := chargedAttempts(d, lr)
 	if attempt > c.cfg.MaxDeliver {
 		// Every earlier attempt died before reaching an outcome. Give the key back
 		// (its recovery point stays, for a replay) and file the message.
@@ -148,10 +157,13 @@ func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.Lea
 	pctx, cancel := context.WithCancelCause(d.Context())
 	defer cancel(nil)
 	start := time.Now()
-	stopBeat := c.keepAlive(pctx, cancel, d, h)
-	result, err := c.cfg.External.Perform(pctx, e)
+	f := c.fence(cancel, sent)
+	stopBeat := c.keepAlive(pctx, cancel, d, h, f)
+	result, err := c.runPerform(pctx, e)
 	stopBeat()
-	lost := errors.Is(context.Cause(pctx), errLeaseLost)
+	f.stop()
+	cause := context.Cause(pctx)
+	lost := errors.Is(cause, errLeaseLost) || errors.Is(cause, errLeaseRunningOut)
 
 	if err == nil {
 		if ferr := faults.From(ctx).Hit(ctx, faults.ExternalAfterPerform, []string{d.Key}); ferr != nil {
@@ -165,9 +177,10 @@ func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.Lea
 
 	switch {
 	case lost:
-		// The new holder performs the effect (again, with the same key) and
+		// Another worker holds the key, or may by the time this one could record
+		// anything: it performs the effect (again, with the same key) and
 		// completes it; this delivery will find it done or busy.
-		c.log.WarnContext(ctx, "lease lost while performing; leaving the key to its new holder", "key", d.Key, "err", err)
+		c.log.WarnContext(ctx, "lease lost while performing; leaving the key to its next holder", "key", d.Key, "cause", cause, "err", err)
 		c.retryLater(d, c.cfg.LeaseFor)
 	case err != nil:
 		c.release(ctx, h)
@@ -177,14 +190,14 @@ func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.Lea
 	}
 }
 
-// attempts is how many attempts at the effect this delivery is charged with,
+// chargedAttempts is how many attempts at the effect this delivery is charged with,
 // itself included. JetStream's delivery count also counts the deliveries that found
 // the key busy and never attempted anything, and the key's attempt count also
 // counts other messages with the same key (copies, a dead-letter replay). This
 // message's own attempts are at most the smaller of the two, and that is what is
 // charged: a busy back-off never uses up the budget, and a replayed dead letter
 // (delivered once so far) gets a fresh one.
-func attempts(d *Delivery, lr dedupe.LeaseResult) int {
+func chargedAttempts(d *Delivery, lr dedupe.LeaseResult) int {
 	return min(d.Deliveries, lr.Attempt)
 }
 
@@ -228,22 +241,82 @@ func (c *Consumer) release(ctx context.Context, h dedupe.Holder) {
 	}
 }
 
+// errLeaseRunningOut is the cause with which Perform's context is cancelled when
+// the lease may run out before it could be extended, by this worker's own clock.
+var errLeaseRunningOut = errors.New("consumer: lease about to run out without an extension")
+
+// fence cancels Perform before its lease can have expired. The database decides
+// when a lease ends (lease_until, by its clock); this worker cannot see that clock
+// while the database stalls for it, which is exactly when another worker may take
+// the key over. So the holder keeps its own deadline, on its monotonic clock:
+// LeaseFor after it sent the statement that started (or last extended) the lease —
+// the lease cannot have started before that — minus a margin for clock rate skew
+// and for Perform to stop. Past the deadline it cancels Perform with
+// errLeaseRunningOut. No two workers perform at once as long as the handler stops
+// when its context is cancelled, within the margin.
+type leaseFence struct {
+	mu     sync.Mutex
+	timer  *time.Timer
+	margin time.Duration
+	ttl    time.Duration
+}
+
+func (c *Consumer) fence(cancel context.CancelCauseFunc, sent time.Time) *leaseFence {
+	margin := max(c.cfg.LeaseFor/5, 10*time.Millisecond)
+	f := &leaseFence{margin: margin, ttl: c.cfg.LeaseFor}
+	f.timer = time.AfterFunc(time.Until(sent.Add(f.ttl-margin)), func() { cancel(errLeaseRunningOut) })
+	return f
+}
+
+// extended moves the deadline after an extension whose statement was sent at sent.
+func (f *leaseFence) extended(sent time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.timer.Reset(time.Until(sent.Add(f.ttl - f.margin)))
+}
+
+func (f *leaseFence) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.timer.Stop()
+}
+
+// runPerform runs the handler, turning a panic into its failure: the worker
+// survives, the lease is released and the message retried like any failure.
+func (c *Consumer) runPerform(ctx context.Context, e *Effect) (result []byte, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.log.ErrorContext(ctx, "handler panicked", "key", e.Key, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			result, err = nil, fmt.Errorf("handler panicked: %v", v)
+		}
+	}()
+	faults.From(ctx).Marked(e.Headers[faults.MarkHeader])
+	return c.cfg.External.Perform(ctx, e)
+}
+
 // keepAlive sends JetStream in-progress heartbeats and extends the lease every
-// third of min(LeaseFor, AckWait) until stop is called. If an extension finds the
-// lease lost, it cancels Perform's context with errLeaseLost. stop waits for the
-// heartbeat goroutine, so no extension lands after it returns.
-func (c *Consumer) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, d *Delivery, h dedupe.Holder) (stop func()) {
+// third of min(LeaseFor, AckWait) until stop is called. Each extension has a
+// deadline (the interval: a database that stalls longer is treated as failed), and
+// each that succeeds moves the fence. If an extension finds the lease lost, it
+// cancels Perform's context with errLeaseLost. stop waits for the heartbeat
+// goroutine, so no extension lands after it returns.
+func (c *Consumer) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, d *Delivery, h dedupe.Holder, f *leaseFence) (stop func()) {
 	interval := max(min(c.cfg.LeaseFor, c.cfg.AckWait)/3, time.Millisecond)
 	return every(ctx, interval, func() bool {
 		_ = d.raw.InProgress()
-		_, err := c.inbox.ExtendLease(ctx, c.pool, h, c.cfg.LeaseFor)
+		sent := time.Now()
+		ectx, done := context.WithTimeout(ctx, interval)
+		_, err := c.inbox.ExtendLease(ectx, c.pool, h, c.cfg.LeaseFor)
+		done()
 		switch {
+		case err == nil:
+			f.extended(sent)
 		case errors.Is(err, dedupe.ErrLeaseLost):
 			cancel(errLeaseLost)
 			return false
-		case err != nil && ctx.Err() == nil:
-			// Keep trying: the lease still runs for a while, and the next
-			// extension may succeed.
+		case ctx.Err() == nil:
+			// Keep trying: the lease still runs for a while (the fence cancels
+			// Perform before it could end), and the next extension may succeed.
 			c.log.WarnContext(ctx, "lease extension failed", "key", h.Key, "err", err)
 		}
 		return true

@@ -59,7 +59,7 @@ func TestReplayDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	broken.Store(false) // the handler is fixed
-	if _, err := dls.Replay(ctx, dl.ID); err != nil {
+	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-replay' AND published_at IS NULL`); n != 1 {
@@ -74,7 +74,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	}
 
 	// A second replay of the same dead letter: the effect already happened.
-	if _, err := dls.Replay(ctx, dl.ID); err != nil {
+	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := relay.Drain(ctx); err != nil || n != 1 {
@@ -100,7 +100,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`); n != 1 {
 		t.Fatalf("replayed_at not recorded")
 	}
-	if _, err := dls.Replay(ctx, 9999); err == nil {
+	if _, err := dls.ReplayID(ctx, 9999, consumer.ReplayOptions{}); err == nil {
 		t.Fatal("replaying a dead letter that does not exist succeeded")
 	}
 	if _, err := dls.Get(ctx, 9999); err == nil {
@@ -122,7 +122,7 @@ func TestReplayRefusesKeylessDeadLetter(t *testing.T) {
 	if err != nil || len(list) != 1 {
 		t.Fatalf("List = %v, %v", list, err)
 	}
-	if _, err := dls.Replay(context.Background(), list[0].ID); !errors.Is(err, idem.ErrMissingKey) {
+	if _, err := dls.ReplayID(context.Background(), list[0].ID, consumer.ReplayOptions{}); !errors.Is(err, idem.ErrMissingKey) {
 		t.Fatalf("Replay of a keyless dead letter: err = %v, want ErrMissingKey", err)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
@@ -25,11 +26,27 @@ type Config struct {
 	// them: no stream would store it, and it would be retried forever. Empty
 	// accepts any literal subject.
 	Subjects []string
+	// MaxPayload is the largest message the broker takes, payload plus headers, as
+	// NATS counts it (the server's max_payload, nats.Conn.MaxPayload; the worker
+	// fills it in). Enqueue refuses a bigger message with ErrTooLarge before
+	// anything is written: the relay could never publish it. Zero: no check.
+	MaxPayload int64
+	// Stream is the stream the relay expects its publishes to land in
+	// (RelayConfig.Stream), if any: its name travels in a header, which the size
+	// check counts.
+	Stream string
 }
+
+// ErrTooLarge is returned (wrapped) by Enqueue for a message bigger than
+// Config.MaxPayload. An HTTP ingress answers it with 413.
+var ErrTooLarge = errors.New("outbox: message larger than the broker's max_payload")
 
 func (c Config) validate() error {
 	if err := pgschema.Validate(c.Schema); err != nil {
 		return fmt.Errorf("outbox: %w", err)
+	}
+	if c.MaxPayload < 0 {
+		return fmt.Errorf("outbox: MaxPayload %d is negative", c.MaxPayload)
 	}
 	for _, f := range c.Subjects {
 		if err := idem.ValidateFilter(f); err != nil {
@@ -98,13 +115,17 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, gen
 		if err := o.check(m); err != nil {
 			return fmt.Errorf("outbox: enqueue message %d: %w", i, err)
 		}
-		hj, err := json.Marshal(withTraceContext(ctx, m.Headers))
+		h := withTraceContext(ctx, m.Headers)
+		hj, err := json.Marshal(h)
 		if err != nil {
 			return fmt.Errorf("outbox: enqueue: encode headers: %w", err)
 		}
 		keys[i], subjects[i], msgIDs[i] = m.Key, m.Subject, idem.MsgID(m.Subject, m.Key)
 		if generation != "" {
 			msgIDs[i] += " " + generation
+		}
+		if size := wireSize(m.Key, msgIDs[i], o.cfg.Stream, h, m.Payload); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
+			return fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.cfg.MaxPayload)
 		}
 		headers[i], payloads[i] = string(hj), m.Payload
 	}
@@ -142,6 +163,24 @@ func (o *Outbox) check(m idem.Message) error {
 		}
 	}
 	return nil
+}
+
+// wireSize is the message's size as NATS counts it against max_payload: the payload
+// plus the header block the relay will send ("NATS/1.0\r\n", "Name: value\r\n" for
+// every header including Idempotency-Key, Nats-Msg-Id and, when the relay expects a
+// stream, Nats-Expected-Stream, and a final "\r\n").
+func wireSize(key, msgID, stream string, headers map[string]string, payload []byte) int64 {
+	n := len("NATS/1.0\r\n") + len("\r\n")
+	line := func(k, v string) { n += len(k) + len(": ") + len(v) + len("\r\n") }
+	for k, v := range headers {
+		line(k, v)
+	}
+	line(idem.HeaderKey, key)
+	line(idem.HeaderMsgID, msgID)
+	if stream != "" {
+		line(jetstream.ExpectedStreamHeader, stream)
+	}
+	return int64(n + len(payload))
 }
 
 // withTraceContext adds the caller's W3C trace context (traceparent, tracestate) to

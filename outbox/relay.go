@@ -23,9 +23,18 @@ import (
 const (
 	// OutcomePublished: rows the stream acknowledged and the relay marked published.
 	OutcomePublished = "published"
-	// OutcomeFailed: rows whose publish failed; they stay pending and are retried.
+	// OutcomeFailed: rows whose publish failed; they stay pending and are retried
+	// after a backoff.
 	OutcomeFailed = "failed"
+	// OutcomeDeadLettered: rows that can never be published (the broker refuses
+	// them, or they failed MaxAttempts times while the broker was up); they are
+	// filed in idem_dead_letters under RelayConsumer with the broker's reason.
+	OutcomeDeadLettered = "dead_lettered"
 )
+
+// RelayConsumer is the consumer column of the dead letters the relay files: rows of
+// the outbox that never reached the stream.
+const RelayConsumer = "(relay)"
 
 // RelayConfig configures a Relay. The zero value of every field means its default.
 type RelayConfig struct {
@@ -40,8 +49,22 @@ type RelayConfig struct {
 	// PollInterval is the fallback wake-up when no NOTIFY arrives (default 1s): a
 	// NOTIFY is lost if the relay's listening connection was down at commit time.
 	PollInterval time.Duration
-	// PublishTimeout bounds the wait for a batch's PubAcks (default 10s).
+	// PublishTimeout bounds the wait for every PubAck of a batch, each counted from
+	// the batch's first publish (default 10s). A PubAck that does not come is a
+	// failed publish, so a relay never waits longer than this for the broker, nor
+	// does its shutdown.
 	PublishTimeout time.Duration
+	// MaxAttempts is how many failed publishes a row gets, while the broker is
+	// otherwise up, before it is dead-lettered (default 10). Failures while the
+	// broker is down do not count. A row the broker can never take (larger than
+	// max_payload, headers it cannot encode) is dead-lettered at once.
+	MaxAttempts int
+	// Backoff is how long a row whose publish failed steps aside before its next
+	// attempt (default: 1s doubling to 1m). The rows behind it are not held up.
+	Backoff func(attempt int) time.Duration
+	// MaxBatchBytes bounds the payload and header bytes one batch holds in memory
+	// (default 8 MiB; a single bigger row is still taken alone).
+	MaxBatchBytes int64
 	// Retention is how long a published row is kept (its expires_at) before the
 	// collector may delete it (default 72h).
 	Retention time.Duration
@@ -65,6 +88,15 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.Retention == 0 {
 		c.Retention = 72 * time.Hour
 	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 10
+	}
+	if c.Backoff == nil {
+		c.Backoff = defaultBackoff
+	}
+	if c.MaxBatchBytes == 0 {
+		c.MaxBatchBytes = 8 << 20
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -76,8 +108,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: relay: %w", err)
 	}
 	switch {
-	case c.BatchSize < 0:
-		return errors.New("outbox: relay: BatchSize must not be negative")
+	case c.BatchSize < 0, c.MaxAttempts < 0, c.MaxBatchBytes < 0:
+		return errors.New("outbox: relay: BatchSize, MaxAttempts and MaxBatchBytes must not be negative")
 	case c.PollInterval < 0, c.PublishTimeout < 0, c.Retention < 0:
 		return errors.New("outbox: relay: durations must not be negative")
 	}
@@ -141,7 +173,21 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 }
 
-// Drain relays batches until the outbox has no unclaimed rows left, and returns how
+// defaultBackoff waits 1s after a row's first failed publish, doubling to 1m.
+func defaultBackoff(attempt int) time.Duration {
+	d := time.Second
+	for i := 1; i < attempt && d < time.Minute; i++ {
+		d *= 2
+	}
+	return min(d, time.Minute)
+}
+
+// ErrBrokerDown is returned (wrapped) by Drain when a batch could not be published
+// because the broker (or the stream) does not answer. Nothing is counted against
+// the rows: they are retried as they are once the broker is back.
+var ErrBrokerDown = errors.New("outbox: relay: the broker does not answer")
+
+// Drain relays batches until the outbox has no claimable rows left, and returns how
 // many rows it published.
 func (r *Relay) Drain(ctx context.Context) (int, error) {
 	total := 0
@@ -155,16 +201,18 @@ func (r *Relay) Drain(ctx context.Context) (int, error) {
 }
 
 type outboxRow struct {
-	id      int64
-	key     string
-	subject string
-	msgID   string
-	headers []byte
-	payload []byte
+	id       int64
+	key      string
+	subject  string
+	msgID    string
+	headers  []byte
+	payload  []byte
+	attempts int
 }
 
-// relayBatch claims, publishes and marks one batch. full reports whether the batch
-// was full, so there may be more.
+// relayBatch claims, publishes and settles one batch. full reports whether the claim
+// was full, so there may be more. Rows that fail step aside (next_attempt_at), so a
+// full batch of failures still lets the next batch reach the rows behind them.
 func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err error) {
 	start := time.Now()
 	tx, err := r.pool.Begin(ctx)
@@ -173,70 +221,187 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	rows, err := tx.Query(ctx, r.q.claim, r.cfg.BatchSize)
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox: relay: claim: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
-		var o outboxRow
-		err := row.Scan(&o.id, &o.key, &o.subject, &o.msgID, &o.headers, &o.payload)
-		return o, err
-	})
-	if err != nil {
-		return 0, false, fmt.Errorf("outbox: relay: claim: %w", err)
-	}
-	if len(batch) == 0 {
-		return 0, false, nil
+	batch, full, err := r.claim(ctx, tx)
+	if err != nil || len(batch) == 0 {
+		return 0, false, err
 	}
 
 	ok, failed := r.publish(ctx, batch)
 	if err := faults.From(ctx).Hit(ctx, faults.RelayAfterPublish, keysOf(batch)); err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: after publish: %w", err)
 	}
+	retry, dead, down := r.judge(ctx, batch, len(ok), failed)
+	if down && len(dead.ids) == 0 {
+		// The broker is down: count nothing, leave the rows as they are (the
+		// rollback releases them) and tell the caller to wait.
+		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomeFailed, Count: len(failed), Duration: time.Since(start)})
+		return 0, false, fmt.Errorf("%w: %d rows wait: %v", ErrBrokerDown, len(failed), firstErr(failed))
+	}
 	if len(ok) > 0 {
 		if _, err := tx.Exec(ctx, r.q.markPublished, ok, r.cfg.Retention); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: mark published: %w", err)
 		}
 	}
-	if len(failed) > 0 {
-		ids := make([]int64, 0, len(failed))
-		reasons := make([]string, 0, len(failed))
-		for id, e := range failed {
-			ids = append(ids, id)
-			reasons = append(reasons, e.Error())
-		}
-		if _, err := tx.Exec(ctx, r.q.markFailed, ids, reasons); err != nil {
+	if len(retry.ids) > 0 {
+		if _, err := tx.Exec(ctx, r.q.markFailed, retry.ids, retry.reasons, retry.waits); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: record failures: %w", err)
+		}
+	}
+	if len(dead.ids) > 0 {
+		if _, err := tx.Exec(ctx, r.q.deadLetter, dead.ids, dead.reasons, r.cfg.Retention, RelayConsumer); err != nil {
+			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: commit: %w", err)
 	}
 	elapsed := time.Since(start)
-	if len(ok) > 0 {
-		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomePublished, Count: len(ok), Duration: elapsed})
+	for outcome, n := range map[string]int{OutcomePublished: len(ok), OutcomeFailed: len(retry.ids), OutcomeDeadLettered: len(dead.ids)} {
+		if n > 0 {
+			r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: outcome, Count: n, Duration: elapsed})
+		}
 	}
-	if len(failed) > 0 {
-		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomeFailed, Count: len(failed), Duration: elapsed})
-		r.log.WarnContext(ctx, "relay: some publishes failed; they stay pending", "failed", len(failed), "published", len(ok))
-		// Do not spin on a broker that is down: report the batch as not full.
-		return len(ok), false, nil
+	if len(retry.ids) > 0 {
+		r.log.WarnContext(ctx, "relay: some publishes failed; they are retried after a backoff", "failed", len(retry.ids), "published", len(ok), "err", retry.reasons[0])
 	}
-	return len(ok), len(batch) == r.cfg.BatchSize, nil
+	if len(dead.ids) > 0 {
+		r.log.ErrorContext(ctx, "relay: rows that cannot be published were dead-lettered", "rows", len(dead.ids), "reason", dead.reasons[0])
+	}
+	return len(ok), full, nil
 }
 
-// publish sends every row asynchronously and waits for their PubAcks. It returns the
-// ids acknowledged by the stream (including those the broker reported as duplicates:
-// they are in the stream already) and the failures.
+// claim locks up to BatchSize claimable rows, then keeps those that fit in
+// MaxBatchBytes (at least one) and loads them. The rows it locked but did not keep
+// are simply left for the next batch.
+func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error) {
+	rows, err := tx.Query(ctx, r.q.claim, r.cfg.BatchSize)
+	if err != nil {
+		return nil, false, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	type sized struct {
+		id   int64
+		size int64
+	}
+	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (sized, error) {
+		var c sized
+		err := row.Scan(&c.id, &c.size)
+		return c, err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("outbox: relay: claim: %w", err)
+	}
+	var ids []int64
+	var bytes int64
+	for _, c := range claimed {
+		if len(ids) > 0 && bytes+c.size > r.cfg.MaxBatchBytes {
+			break
+		}
+		ids, bytes = append(ids, c.id), bytes+c.size
+	}
+	if len(ids) == 0 {
+		return nil, false, nil
+	}
+	rows, err = tx.Query(ctx, r.q.load, ids)
+	if err != nil {
+		return nil, false, fmt.Errorf("outbox: relay: load: %w", err)
+	}
+	batch, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
+		var o outboxRow
+		err := row.Scan(&o.id, &o.key, &o.subject, &o.msgID, &o.headers, &o.payload, &o.attempts)
+		return o, err
+	})
+	if err != nil {
+		return nil, false, fmt.Errorf("outbox: relay: load: %w", err)
+	}
+	return batch, len(claimed) == r.cfg.BatchSize || len(ids) < len(claimed), nil
+}
+
+// settlement is a set of rows to update, with a reason (and a wait) each.
+type settlement struct {
+	ids     []int64
+	reasons []string
+	waits   []time.Duration
+}
+
+func (s *settlement) add(id int64, reason string, wait time.Duration) {
+	s.ids, s.reasons, s.waits = append(s.ids, id), append(s.reasons, reason), append(s.waits, wait)
+}
+
+// judge sorts failed publishes: a row the broker can never take is dead-lettered at
+// once; a row that failed while the broker answers is charged an attempt and steps
+// aside (dead-lettered once it used up MaxAttempts); failures while the broker does
+// not answer are nobody's fault and charge nothing (down is then true).
+func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, failed map[int64]error) (retry, dead settlement, down bool) {
+	if len(failed) == 0 {
+		return retry, dead, false
+	}
+	// A publish that produced no PubAck may be the broker's fault or the row's
+	// (a subject nothing stores): ask the broker whether it is up.
+	up := published > 0 || r.brokerUp(ctx)
+	for _, o := range batch {
+		err, ok := failed[o.id]
+		if !ok {
+			continue
+		}
+		reason := fmt.Sprintf("publish to %s failed: %v", o.subject, err)
+		switch {
+		case permanent(err):
+			dead.add(o.id, reason+" (the broker can never take this message)", 0)
+		case !up:
+			// Leave it: not its fault.
+		case o.attempts+1 >= r.cfg.MaxAttempts:
+			dead.add(o.id, fmt.Sprintf("%s (failed %d publishes, MaxAttempts is %d)", reason, o.attempts+1, r.cfg.MaxAttempts), 0)
+		default:
+			retry.add(o.id, reason, r.cfg.Backoff(o.attempts+1))
+		}
+	}
+	return retry, dead, !up
+}
+
+// permanent reports publish errors that no retry can fix: the message itself is
+// what the broker refuses.
+func permanent(err error) bool {
+	var bad errBadRow
+	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) || errors.As(err, &bad)
+}
+
+// errBadRow is a row the relay cannot even turn into a message.
+type errBadRow struct{ err error }
+
+func (e errBadRow) Error() string { return e.err.Error() }
+func (e errBadRow) Unwrap() error { return e.err }
+
+// brokerUp asks JetStream for the account's info, with a short deadline: whether
+// publishes that went unanswered say something about the broker or about the rows.
+func (r *Relay) brokerUp(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, min(2*time.Second, r.cfg.PublishTimeout))
+	defer cancel()
+	_, err := r.js.AccountInfo(ctx)
+	return err == nil
+}
+
+func firstErr(failed map[int64]error) error {
+	for _, err := range failed {
+		return err
+	}
+	return nil
+}
+
+// publish sends every row asynchronously and waits for their PubAcks, each until
+// PublishTimeout after the batch's first publish. It returns the ids acknowledged by
+// the stream (including those the broker reported as duplicates: they are in the
+// stream already) and the failures.
 func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok []int64, failed map[int64]error) {
 	failed = map[int64]error{}
+	deadline, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
 	futures := make([]jetstream.PubAckFuture, len(batch))
 	for i, o := range batch {
 		msg := nats.NewMsg(o.subject)
 		var extra map[string]string
 		if len(o.headers) > 0 {
 			if err := json.Unmarshal(o.headers, &extra); err != nil {
-				failed[o.id] = fmt.Errorf("decode headers: %w", err)
+				failed[o.id] = errBadRow{fmt.Errorf("decode headers: %w", err)}
 				continue
 			}
 		}
@@ -253,21 +418,19 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok []int64, fai
 		}
 		futures[i] = f
 	}
-	timeout := time.NewTimer(r.cfg.PublishTimeout)
-	defer timeout.Stop()
 	for i, f := range futures {
 		if f == nil {
 			continue
 		}
+		// The deadline's Done stays closed once it fires, so every future still
+		// waiting fails at once instead of one per timer tick.
 		select {
 		case <-f.Ok():
 			ok = append(ok, batch[i].id)
 		case err := <-f.Err():
 			failed[batch[i].id] = err
-		case <-timeout.C:
-			failed[batch[i].id] = errors.New("no PubAck before PublishTimeout")
-		case <-ctx.Done():
-			failed[batch[i].id] = ctx.Err()
+		case <-deadline.Done():
+			failed[batch[i].id] = fmt.Errorf("no PubAck within PublishTimeout %s", r.cfg.PublishTimeout)
 		}
 	}
 	return ok, failed

@@ -271,6 +271,14 @@ func TestRelayStreamRefusesMisroute(t *testing.T) {
 	if got := env.StreamMsgs(t, "OTHER"); got != 0 {
 		t.Fatalf("the other stream took %d messages, want 0", got)
 	}
+	// The failed row steps aside for its backoff instead of being claimed again at
+	// once; let the backoff pass.
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE next_attempt_at > now()`); n != 1 {
+		t.Fatalf("rows stepping aside = %d, want 1", n)
+	}
+	if _, err := env.DB.Pool.Exec(ctx, `UPDATE idem_outbox SET next_attempt_at = now()`); err != nil {
+		t.Fatal(err)
+	}
 	// Without Stream, the same row lands in whichever stream stores its subject.
 	if n, err := newRelay(t, env, outbox.RelayConfig{}).Drain(ctx); err != nil || n != 1 {
 		t.Fatalf("Drain without Stream = %d, %v; want 1", n, err)

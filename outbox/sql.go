@@ -14,16 +14,26 @@ SELECT k, s, m, h::jsonb, p
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[]) AS t(k, s, m, h, p)`
 	sqlNotify = `SELECT pg_notify($1, '')`
 
-	// Claim a batch of unpublished rows. SKIP LOCKED lets several relays drain one
-	// outbox without waiting on each other; the row locks are the claim and last
-	// until the batch is marked (or the relay dies and Postgres releases them).
+	// Claim a batch of pending rows whose backoff has passed, with their sizes (what
+	// NATS will count: payload, headers, key and Msg-Id). SKIP LOCKED lets several
+	// relays drain one outbox without waiting on each other; the row locks are the
+	// claim and last until the batch is settled (or the relay dies and Postgres
+	// releases them).
 	sqlClaim = `
-SELECT id, key, subject, msg_id, headers, payload
+SELECT id, octet_length(payload) + octet_length(headers::text) + octet_length(key) + octet_length(msg_id)
 FROM idem_outbox
 WHERE published_at IS NULL AND dead_lettered_at IS NULL
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
 ORDER BY id
 LIMIT $1
 FOR UPDATE SKIP LOCKED`
+
+	// Load the claimed rows that fit in the batch's byte budget.
+	sqlLoad = `
+SELECT id, key, subject, msg_id, headers, payload, attempts
+FROM idem_outbox
+WHERE id = ANY($1::bigint[])
+ORDER BY id`
 
 	sqlMarkPublished = `
 UPDATE idem_outbox
@@ -41,19 +51,38 @@ LEFT JOIN LATERAL (
   SELECT created_at FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1
 ) AS o ON true`
 
+	// A failed publish is charged to the row, which steps aside until its backoff
+	// has passed.
 	sqlMarkFailed = `
 UPDATE idem_outbox
-SET attempts = attempts + 1, last_error = t.e
-FROM unnest($1::bigint[], $2::text[]) AS t(i, e)
+SET attempts = attempts + 1, last_error = t.e, next_attempt_at = now() + t.w
+FROM unnest($1::bigint[], $2::text[], $3::interval[]) AS t(i, e, w)
 WHERE id = t.i`
+
+	// A row that can never be published leaves the queue for the dead letters, with
+	// the broker's reason, in the relay's transaction: never retried forever, never
+	// dropped. The outbox row is kept for its retention, as evidence.
+	sqlDeadLetter = `
+WITH d AS (
+  UPDATE idem_outbox
+  SET attempts = attempts + 1, last_error = t.e, dead_lettered_at = now(), expires_at = now() + $3::interval
+  FROM unnest($1::bigint[], $2::text[]) AS t(i, e)
+  WHERE id = t.i
+  RETURNING key, subject, headers, payload, attempts, last_error
+)
+INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason, deliveries, fingerprint)
+SELECT $4, key, subject, headers, payload, 'relay: ' || last_error, attempts, sha256(payload) FROM d`
 )
 
 // queries is the SQL of one schema.
 type queries struct {
-	enqueue, claim, markPublished, markFailed, backlog string
+	enqueue, claim, load, markPublished, markFailed, deadLetter, backlog string
 }
 
 func newQueries(schema string) queries {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
-	return queries{enqueue: q(sqlEnqueue), claim: q(sqlClaim), markPublished: q(sqlMarkPublished), markFailed: q(sqlMarkFailed), backlog: q(sqlBacklog)}
+	return queries{
+		enqueue: q(sqlEnqueue), claim: q(sqlClaim), load: q(sqlLoad), markPublished: q(sqlMarkPublished),
+		markFailed: q(sqlMarkFailed), deadLetter: q(sqlDeadLetter), backlog: q(sqlBacklog),
+	}
 }

@@ -82,6 +82,14 @@ func (a *answer) fail(status int, code, msg string) {
 	a.writeError(OutcomeFailed, status, code, msg)
 }
 
+// busy answers a request beyond MaxInFlight; nothing was claimed.
+func (a *answer) busy() {
+	a.log.WarnContext(a.ctx, "middleware: too many requests in flight", "max_in_flight", a.m.cfg.MaxInFlight)
+	a.w.Header().Set("Retry-After", "1")
+	a.writeError(OutcomeBusy, http.StatusServiceUnavailable, "too_many_requests_in_flight",
+		"the service is at its limit of requests in flight and nothing was recorded; retry later with the same Idempotency-Key")
+}
+
 func (a *answer) conflict() {
 	a.log.InfoContext(a.ctx, "middleware: key in use past the wait", "wait", a.m.cfg.Wait)
 	secs := int(math.Ceil(a.m.cfg.Wait.Seconds()))

@@ -80,3 +80,16 @@ func (c *capture) result() response {
 	}
 	return response{status: c.status, header: h, body: body}
 }
+
+// storedHeader is what of a response's header is kept for replays. Set-Cookie is a
+// credential for whoever got the first response, and a replay goes to anyone who
+// presents the same scope, key and body: the first response carries it, replays
+// never do.
+func storedHeader(h http.Header) http.Header {
+	if _, ok := h["Set-Cookie"]; !ok {
+		return h
+	}
+	h = h.Clone()
+	h.Del("Set-Cookie")
+	return h
+}

@@ -64,6 +64,9 @@ const (
 	// OutcomeUnavailable: the database could not be reached or failed (503/500);
 	// nothing was claimed.
 	OutcomeUnavailable = "unavailable"
+	// OutcomeBusy: MaxInFlight requests were already running (503); nothing was
+	// claimed.
+	OutcomeBusy = "busy"
 )
 
 // Defaults applied to zero fields of Config.
@@ -123,11 +126,29 @@ type Config struct {
 
 	// Scope returns the Idempotency-Scope of a request: the tenant or principal
 	// whose key space the key lives in. Keys are unique per scope, never across
-	// scopes, and one scope never receives another's stored response. The default
-	// reads the Idempotency-Scope header; a service with authentication should
-	// derive the scope from the authenticated principal instead, so a client cannot
-	// name someone else's scope. An error rejects the request with 400.
+	// scopes, and one scope never receives another's stored response. Derive it
+	// from what the service has verified (the authenticated principal, a tenant in
+	// a signed token), never from something the client merely claims: whoever can
+	// choose a scope can write into that key space, and can tell from a 422 that a
+	// key exists there. An error rejects the request with 400.
+	//
+	// The default is no scope (one key space for everyone), or the client's
+	// Idempotency-Scope header when ScopeFromHeader is set. With no scope, a request
+	// that carries the header is refused (400): the client believes its keys are
+	// scoped, and they would not be.
 	Scope func(r *http.Request) (string, error)
+
+	// ScopeFromHeader, when Scope is nil, takes the scope from the client's
+	// Idempotency-Scope header. Enable it only where the header is set or verified
+	// by something the service trusts (a gateway that authenticated the caller).
+	ScopeFromHeader bool
+
+	// MaxInFlight bounds the state-changing requests running at once; beyond it a
+	// request gets 503 with Retry-After before it takes a database connection, so
+	// a flood (of same-key duplicates, each waiting up to Wait) cannot starve the
+	// rest of the service of connections. Default 0: unbounded (the worker sets it
+	// from the pool it is given).
+	MaxInFlight int
 
 	// Logger receives the middleware's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -154,7 +175,10 @@ func (c Config) WithDefaults() Config {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.Scope == nil {
-		c.Scope = scopeFromHeader
+		c.Scope = noScope
+		if c.ScopeFromHeader {
+			c.Scope = scopeFromHeader
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -178,10 +202,22 @@ func (c Config) validate() error {
 	if c.MaxBodyBytes < 0 {
 		return fmt.Errorf("middleware: MaxBodyBytes %d is negative", c.MaxBodyBytes)
 	}
+	if c.MaxInFlight < 0 {
+		return fmt.Errorf("middleware: MaxInFlight %d is negative", c.MaxInFlight)
+	}
 	if c.MaxResponseBytes < 0 {
 		return fmt.Errorf("middleware: MaxResponseBytes %d is negative", c.MaxResponseBytes)
 	}
 	return nil
+}
+
+// noScope is the default scope: none. A client that sends a scope would otherwise
+// believe its keys are kept apart from other tenants' when they are not.
+func noScope(r *http.Request) (string, error) {
+	if len(r.Header.Values(idem.HeaderScope)) > 0 {
+		return "", fmt.Errorf("this service does not take the %s header: the scope of a key comes from the service (the authenticated caller), not from the client", idem.HeaderScope)
+	}
+	return "", nil
 }
 
 func scopeFromHeader(r *http.Request) (string, error) {
@@ -198,9 +234,10 @@ func scopeFromHeader(r *http.Request) (string, error) {
 // Middleware enforces the Idempotency-Key protocol on the handlers it wraps. It is
 // safe for concurrent use; one Middleware can wrap many handlers.
 type Middleware struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	q    queries
+	pool     *pgxpool.Pool
+	cfg      Config
+	q        queries
+	inFlight chan struct{} // a slot per request in flight; nil when unbounded
 }
 
 // NewMiddleware returns a Middleware that keeps its records in pool's idem_requests
@@ -220,7 +257,11 @@ func NewMiddleware(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 		}
 		cfg.Outbox = ob
 	}
-	return &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}, nil
+	m := &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	if cfg.MaxInFlight > 0 {
+		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
+	}
+	return m, nil
 }
 
 // Config returns the configuration with defaults filled in, so a service can check
@@ -295,9 +336,19 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		a.reject(http.StatusBadRequest, "unreadable_body", "reading request body: "+err.Error())
 		return
 	}
-	fp := fingerprint(r.Method, r.URL.Path, body)
+	fp := fingerprint(r.Method, r.URL.RequestURI(), body)
 
-	// 3. One transaction for claim, effect and stored response.
+	// 3. One transaction for claim, effect and stored response, within the bound
+	// on requests in flight.
+	if m.inFlight != nil {
+		select {
+		case m.inFlight <- struct{}{}:
+			defer func() { <-m.inFlight }()
+		default:
+			a.busy()
+			return
+		}
+	}
 	tx, err := m.pool.Begin(ctx)
 	if err != nil {
 		a.dbFailed(fmt.Errorf("middleware: begin: %w", err))
@@ -356,7 +407,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 
 	// 5. Remember the response together with the effect, then commit.
-	if _, err := tx.Exec(ctx, m.q.complete, scope, string(key), resp.status, resp.header, resp.body); err != nil {
+	if _, err := tx.Exec(ctx, m.q.complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body); err != nil {
 		// Most likely the handler ignored a failed statement and the transaction
 		// is aborted; either way nothing of this request survives.
 		a.dbFailed(fmt.Errorf("middleware: store response: %w", err))
@@ -417,14 +468,15 @@ func (m *Middleware) readBody(w http.ResponseWriter, r *http.Request) ([]byte, e
 	return body, nil
 }
 
-// fingerprint identifies a request's payload: SHA-256 over its method, path and
-// body, each prefixed by its length so that no two different requests can encode to
-// the same byte stream (without the prefixes, path "/ab"+body "c" and path "/a"+body
+// fingerprint identifies a request's payload: SHA-256 over its method, target (path
+// and query string: "?amount=1" and "?amount=100" are different requests) and body,
+// each prefixed by its length so that no two different requests can encode to the
+// same byte stream (without the prefixes, path "/ab"+body "c" and path "/a"+body
 // "bc" would collide). Same key with a different fingerprint is a client bug: 422.
-func fingerprint(method, path string, body []byte) []byte {
+func fingerprint(method, target string, body []byte) []byte {
 	h := sha256.New()
 	var n [8]byte
-	for _, part := range [][]byte{[]byte(method), []byte(path), body} {
+	for _, part := range [][]byte{[]byte(method), []byte(target), body} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])
 		h.Write(part)

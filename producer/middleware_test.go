@@ -335,6 +335,23 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 			wantWrites: 1, wantRecords: 1,
 		},
 		{
+			name: "the query string is part of the request: the same key with another one is a mismatch",
+			steps: []step{
+				{req: req{path: "/ok?amount=1", key: key("k1"), body: body}, status: 201, outcome: "new"},
+				{req: req{path: "/ok?amount=100", key: key("k1"), body: body}, status: 422, code: "idempotency_key_mismatch", outcome: "mismatch"},
+				{req: req{path: "/ok?amount=1", key: key("k1"), body: body}, status: 201, replayed: true, outcome: "replayed", sameAs: 1},
+			},
+			wantWrites: 1, wantRecords: 1,
+		},
+		{
+			name: "by default a client's scope header is refused, not trusted",
+			steps: []step{
+				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 400, code: "malformed_idempotency_scope", outcome: "rejected"},
+				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
+			},
+			wantWrites: 1, wantRecords: 1,
+		},
+		{
 			name: "safe methods pass through without a key",
 			steps: []step{
 				{req: req{method: http.MethodGet, path: "/ok"}, status: 200},
@@ -343,6 +360,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 		},
 		{
 			name: "the same key in another scope is another intent",
+			cfg:  producer.Config{ScopeFromHeader: true},
 			steps: []step{
 				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 201, outcome: "new"},
 				{req: req{path: "/ok", key: key("k1"), scope: "tenant-b", body: `{"amount":2}`}, status: 201, outcome: "new"},
@@ -712,7 +730,7 @@ func TestMiddlewareAfterCommit(t *testing.T) {
 		written   bool
 	}
 	var calls []call
-	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(newTestApp(t))
+	h := newMiddleware(t, db.Pool, producer.Config{ScopeFromHeader: true}).Wrap(newTestApp(t))
 	body := `{"amount":1}`
 	for _, q := range []req{
 		{path: "/ok", key: key("k1"), scope: "tenant-a", body: body},
@@ -752,7 +770,7 @@ func TestIntentEnqueue(t *testing.T) {
 	}
 	var failOnce atomic.Bool
 	failOnce.Store(true)
-	h := newMiddleware(t, db.Pool, producer.Config{Outbox: ob}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, db.Pool, producer.Config{Outbox: ob, ScopeFromHeader: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in, _ := producer.IntentFrom(r.Context())
 		if err := in.Enqueue(r.Context(), r.URL.Query().Get("subject"), []byte(`{"n":1}`), map[string]string{"X-Trace": "t1"}); err != nil {
 			producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
@@ -823,5 +841,65 @@ func TestMiddlewareInOtherSchema(t *testing.T) {
 	}
 	if n := db.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'idem_%'`); n != 0 {
 		t.Errorf("public holds %d idem tables, want none", n)
+	}
+}
+
+// A cookie set by the first response is that client's credential: the first
+// response carries it, a replay (which anyone with the same key and body gets) does
+// not, and it is not stored.
+func TestMiddlewareNeverReplaysSetCookie(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "secret-of-the-first-caller"})
+		w.Header().Set("X-Kept", "yes")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	first := req{path: "/ok", key: key("k1"), body: "{}"}.send(h)
+	if first.Code != http.StatusCreated || first.Header().Get("Set-Cookie") == "" {
+		t.Fatalf("first response: %d, Set-Cookie %q; want the cookie", first.Code, first.Header().Get("Set-Cookie"))
+	}
+	replay := req{path: "/ok", key: key("k1"), body: "{}"}.send(h)
+	if replay.Header().Get(idem.HeaderReplayed) != "true" || replay.Header().Get("X-Kept") != "yes" {
+		t.Fatalf("replay: %v", replay.Header())
+	}
+	if c := replay.Header().Get("Set-Cookie"); c != "" {
+		t.Errorf("the replay carries the first caller's cookie: %q", c)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests WHERE response_headers::text LIKE '%secret-of-the-first-caller%'`); n != 0 {
+		t.Errorf("the cookie is stored in %d records", n)
+	}
+}
+
+// Beyond MaxInFlight a request is refused with 503 and Retry-After before it takes
+// a connection, and claims nothing: its retry with the same key executes later.
+func TestMiddlewareMaxInFlight(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var got outcomes
+	h := newMiddleware(t, db.Pool, producer.Config{MaxInFlight: 1, Observer: got.observe}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan int, 1)
+	go func() { done <- req{path: "/slow", key: key("k-slow"), body: "{}"}.send(h).Code }()
+	recv(t, entered, "the first request to enter its handler")
+	busy := req{path: "/fast", key: key("k-fast"), body: "{}"}.send(h)
+	if busy.Code != http.StatusServiceUnavailable || busy.Header().Get("Retry-After") == "" || errCode(t, busy) != "too_many_requests_in_flight" {
+		t.Fatalf("beyond MaxInFlight: %d %q Retry-After=%q", busy.Code, busy.Body.String(), busy.Header().Get("Retry-After"))
+	}
+	close(release)
+	if code := recv(t, done, "the first request"); code != http.StatusCreated {
+		t.Fatalf("first request: %d", code)
+	}
+	if again := (req{path: "/fast", key: key("k-fast"), body: "{}"}).send(h); again.Code != http.StatusCreated || again.Header().Get(idem.HeaderReplayed) != "" {
+		t.Fatalf("retry after the refusal: %d replayed=%q, want a fresh execution", again.Code, again.Header().Get(idem.HeaderReplayed))
+	}
+	if got.last() != producer.OutcomeNew {
+		t.Errorf("last outcome %q", got.last())
 	}
 }

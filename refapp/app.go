@@ -36,6 +36,8 @@ type Config struct {
 	// HTTPAddr is the HTTP listen address of Start (default 127.0.0.1:8080; ":0"
 	// picks a port).
 	HTTPAddr string
+	// HTTP bounds the HTTP server's waits and headers.
+	HTTP HTTPConfig
 	// Email, when Email.Addr is set, runs the email consumer sending through that
 	// SMTP server. Without it emails stay queued in the stream.
 	Email EmailConfig
@@ -68,6 +70,45 @@ type Config struct {
 	Observer idem.Observer
 }
 
+// HTTPConfig bounds what one client can hold of the HTTP server. The zero value of
+// every field means its default. Requests in flight are bounded separately, by the
+// ingress (producer.Config.MaxInFlight, set from the database pool by the worker):
+// beyond it a request gets 503 with Retry-After.
+type HTTPConfig struct {
+	// ReadHeaderTimeout bounds reading a request's headers (default 10s).
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, body included (default 30s): a
+	// client that trickles its body cannot hold a connection forever.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds a request from the end of its headers to the end of the
+	// response (default 30s). It must exceed the ingress's Wait (5s by default)
+	// plus the handler's own time.
+	WriteTimeout time.Duration
+	// IdleTimeout bounds a keep-alive connection between requests (default 2m).
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's header block (default 64 KiB; 431 beyond).
+	MaxHeaderBytes int
+}
+
+func (c HTTPConfig) withDefaults() HTTPConfig {
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = 30 * time.Second
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = 30 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	return c
+}
+
 // WorkerConfig is the worker.Config of the application: stream IDEM on idem.>, the
 // charge consumer and (with Email.Addr) the email consumer, the relay, the ingress
 // middleware and retention, each as enabled.
@@ -89,6 +130,11 @@ func (c Config) WorkerConfig() (worker.Config, error) {
 	}
 	if !c.DisableIngress {
 		ic := c.Ingress
+		if ic.Scope == nil {
+			// The contract: a client names its tenant in Idempotency-Scope. Run the
+			// application behind something that sets or verifies that header.
+			ic.ScopeFromHeader = true
+		}
 		wc.Ingress = &ic
 	}
 	if !c.DisableConsumers {

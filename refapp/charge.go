@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,6 +19,18 @@ type Charge struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
+// Validate is the one rule for a charge, applied by the ingress (400) and by the
+// consumer (a dead letter): what the ingress accepts, the consumer can process.
+func (c Charge) Validate() error {
+	switch {
+	case strings.TrimSpace(c.Account) == "":
+		return errors.New(`"account" is required`)
+	case c.AmountCents <= 0:
+		return fmt.Errorf(`"amount_cents" must be a positive integer, got %d`, c.AmountCents)
+	}
+	return nil
+}
+
 // DecodeCharge parses and validates a charge payload.
 func DecodeCharge(payload []byte) (Charge, error) {
 	var c Charge
@@ -26,11 +39,8 @@ func DecodeCharge(payload []byte) (Charge, error) {
 	if err := dec.Decode(&c); err != nil {
 		return c, fmt.Errorf("charge: decode: %w", err)
 	}
-	switch {
-	case c.Account == "":
-		return c, errors.New("charge: account is required")
-	case c.AmountCents <= 0:
-		return c, fmt.Errorf("charge: amount_cents must be positive, got %d", c.AmountCents)
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("charge: %w", err)
 	}
 	return c, nil
 }

@@ -36,11 +36,21 @@ func DecodeEmail(payload []byte) (Email, *mail.Address, error) {
 	if err := dec.Decode(&e); err != nil {
 		return e, nil, fmt.Errorf("email: decode: %w", err)
 	}
-	to, err := mail.ParseAddress(e.To)
+	to, err := e.Recipient()
 	if err != nil {
-		return e, nil, fmt.Errorf("email: %q is not one email address: %w", e.To, err)
+		return e, nil, fmt.Errorf("email: %w", err)
 	}
 	return e, to, nil
+}
+
+// Recipient is the one rule for an email's recipient, applied by the ingress (400)
+// and by the consumer (a dead letter): exactly one address.
+func (e Email) Recipient() (*mail.Address, error) {
+	to, err := mail.ParseAddress(e.To)
+	if err != nil {
+		return nil, fmt.Errorf(`"to" must be one email address, got %q: %w`, e.To, err)
+	}
+	return to, nil
 }
 
 // MessageID derives the Message-ID of the email sent for a scoped key. It is the

@@ -8,8 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 )
 
@@ -48,41 +48,11 @@ type ingress struct {
 	log *slog.Logger
 }
 
-// PaymentRequest is the body of POST /v1/payments.
-type PaymentRequest struct {
-	Account     string `json:"account"`
-	AmountCents int64  `json:"amount_cents"`
-}
-
-func (p PaymentRequest) validate() error {
-	if strings.TrimSpace(p.Account) == "" {
-		return errors.New(`"account" is required`)
-	}
-	if p.AmountCents <= 0 {
-		return fmt.Errorf(`"amount_cents" must be a positive integer, got %d`, p.AmountCents)
-	}
-	return nil
-}
-
 // PaymentResponse is the 202 body of POST /v1/payments.
 type PaymentResponse struct {
 	Key       string `json:"key"`
 	PaymentID int64  `json:"payment_id"`
 	Status    string `json:"status"`
-}
-
-// EmailRequest is the body of POST /v1/emails.
-type EmailRequest struct {
-	To      string `json:"to"`
-	Subject string `json:"subject"`
-	Body    string `json:"body"`
-}
-
-func (e EmailRequest) validate() error {
-	if !strings.Contains(e.To, "@") {
-		return fmt.Errorf(`"to" must be an email address, got %q`, e.To)
-	}
-	return nil
 }
 
 // EmailResponse is the 202 body of POST /v1/emails.
@@ -93,12 +63,12 @@ type EmailResponse struct {
 }
 
 func (in *ingress) payment(w http.ResponseWriter, r *http.Request) {
-	var req PaymentRequest
+	var req Charge // the body of POST /v1/payments is the charge's payload
 	body, ok := in.decode(w, r, &req)
 	if !ok {
 		return
 	}
-	if err := req.validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
@@ -107,28 +77,30 @@ func (in *ingress) payment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	// The message first: one the broker could never carry is refused before any
+	// row is written, and the 413 is then a final answer with nothing behind it.
+	// Both join the same transaction: the message exists if and only if the
+	// payment row does. Intent.Enqueue stamps the scoped key, so tenants never fold
+	// into each other.
+	if err := intent.Enqueue(ctx, SubjectCharge, body, nil); err != nil {
+		in.enqueueFailed(w, fmt.Errorf("refapp: enqueue charge: %w", err))
+		return
+	}
 	var id int64
 	if err := intent.Tx.QueryRow(ctx, sqlInsertPayment, intent.Scope, string(intent.Key), req.Account, req.AmountCents).Scan(&id); err != nil {
 		in.fail(w, fmt.Errorf("refapp: insert payment: %w", err))
-		return
-	}
-	// The message joins the same transaction: it exists if and only if the payment
-	// row does. Intent.Enqueue stamps the scoped key, so tenants never fold into
-	// each other.
-	if err := intent.Enqueue(ctx, SubjectCharge, body, nil); err != nil {
-		in.fail(w, fmt.Errorf("refapp: enqueue charge: %w", err))
 		return
 	}
 	writeJSON(w, http.StatusAccepted, PaymentResponse{Key: string(intent.Key), PaymentID: id, Status: "accepted"})
 }
 
 func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
-	var req EmailRequest
+	var req Email // the body of POST /v1/emails is the email's payload
 	body, ok := in.decode(w, r, &req)
 	if !ok {
 		return
 	}
-	if err := req.validate(); err != nil {
+	if _, err := req.Recipient(); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
@@ -137,13 +109,14 @@ func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
+	// The message first, as for payments.
+	if err := intent.Enqueue(ctx, SubjectEmail, body, nil); err != nil {
+		in.enqueueFailed(w, fmt.Errorf("refapp: enqueue email: %w", err))
+		return
+	}
 	var id int64
 	if err := intent.Tx.QueryRow(ctx, sqlInsertEmail, intent.Scope, string(intent.Key), req.To, req.Subject).Scan(&id); err != nil {
 		in.fail(w, fmt.Errorf("refapp: insert email: %w", err))
-		return
-	}
-	if err := intent.Enqueue(ctx, SubjectEmail, body, nil); err != nil {
-		in.fail(w, fmt.Errorf("refapp: enqueue email: %w", err))
 		return
 	}
 	writeJSON(w, http.StatusAccepted, EmailResponse{Key: string(intent.Key), EmailID: id, Status: "accepted"})
@@ -182,6 +155,17 @@ func (in *ingress) intent(w http.ResponseWriter, r *http.Request) (*producer.Int
 		return nil, false
 	}
 	return intent, true
+}
+
+// enqueueFailed answers a message the outbox refused: 413 for one the broker could
+// never carry (nothing was written, and the answer is stored: a retry with the same
+// key gets it again), 500 otherwise.
+func (in *ingress) enqueueFailed(w http.ResponseWriter, err error) {
+	if errors.Is(err, outbox.ErrTooLarge) {
+		writeError(w, http.StatusRequestEntityTooLarge, "message_too_large", err.Error())
+		return
+	}
+	in.fail(w, err)
 }
 
 // fail answers 500. The middleware rolls the transaction back on any 5xx, so the

@@ -39,6 +39,7 @@ type answer struct {
 // exactly as in production.
 func newServer(t *testing.T, db *pgtest.DB, cfg producer.Config) (*httptest.Server, *http.Client) {
 	t.Helper()
+	cfg.ScopeFromHeader = true // as the application runs it (refapp.Config.WorkerConfig)
 	mw, err := producer.NewMiddleware(db.Pool, cfg)
 	if err != nil {
 		t.Fatalf("NewMiddleware: %v", err)
@@ -277,6 +278,10 @@ func TestIngressValidation(t *testing.T) {
 		{"empty body", "/v1/payments", ``, "not a valid JSON"},
 		{"trailing data", "/v1/payments", `{"account":"a","amount_cents":1}{}`, "after the JSON object"},
 		{"email without @", "/v1/emails", `{"to":"nobody","subject":"s","body":"b"}`, `"to"`},
+		// The consumer would dead-letter these (one address, RFC 5322): the ingress
+		// applies the same rule, so a 202 is always an email that can be sent.
+		{"email to two recipients", "/v1/emails", `{"to":"a@example.com, b@example.com","subject":"s","body":"b"}`, `"to" must be one email address`},
+		{"email to a broken address", "/v1/emails", `{"to":"a@b@c","subject":"s","body":"b"}`, `"to" must be one email address`},
 		{"email unknown field", "/v1/emails", `{"to":"a@b","cc":"c@d"}`, `unknown field "cc"`},
 	}
 	for i, tc := range cases {

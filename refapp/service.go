@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -81,11 +80,20 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	if mw := w.Ingress(); mw != nil {
 		mux.Handle("/v1/", traced(cfg.TracerProvider, Routes(mw, cfg.Logger)))
 	}
+	hc := cfg.HTTP.withDefaults()
 	s := &Service{worker: w, ln: ln, log: cfg.Logger, errs: make(chan error, 1),
-		http: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		http: &http.Server{
+			Handler:           mux,
+			ReadHeaderTimeout: hc.ReadHeaderTimeout,
+			ReadTimeout:       hc.ReadTimeout,
+			WriteTimeout:      hc.WriteTimeout,
+			IdleTimeout:       hc.IdleTimeout,
+			MaxHeaderBytes:    hc.MaxHeaderBytes,
+			ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn),
 			// Requests see the values Start's ctx carries (a trace, test fault
 			// points), not its cancellation.
-			BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) }}}
+			BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		}}
 	s.served.Add(1)
 	go func() {
 		defer s.served.Done()

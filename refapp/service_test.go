@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -389,4 +390,80 @@ func TestReadyz(t *testing.T) {
 		code, body := readyz()
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "nats")
 	})
+}
+
+// C1 as users met it: a body just under 1 MiB of valid JSON was answered 202, and
+// its message could never be published (NATS max_payload counts the headers too).
+// Now the ingress refuses it with 413 before anything is claimed or written; a
+// body that fits is accepted and reaches the ledger.
+func TestBodyTheBrokerCannotCarryIs413(t *testing.T) {
+	s := setup(t)
+	s.start(t, s.config())
+	padded := func(total int) string {
+		head, tail := `{"account":"`, `","amount_cents":1}`
+		return head + strings.Repeat("a", total-len(head)-len(tail)) + tail
+	}
+	for _, size := range []int{1_048_470, 1_048_500, 1_048_576} {
+		req, _ := http.NewRequest(http.MethodPost, s.url("/v1/payments"), strings.NewReader(padded(size)))
+		req.Header.Set(idem.HeaderKey, fmt.Sprintf("k-big-%d", size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Errorf("%d-byte body: %d %s, want 413", size, resp.StatusCode, body)
+		}
+	}
+	if n := s.env.DB.Count(t, `SELECT (SELECT count(*) FROM idem_requests) + (SELECT count(*) FROM idem_outbox) + (SELECT count(*) FROM payments)`); n != 0 {
+		t.Errorf("%d rows written for refused bodies, want none", n)
+	}
+	// Well under the limit: accepted and charged.
+	if r := postJSON(t, s.url("/v1/payments"), "k-fits", padded(900_000), nil); r.StatusCode != http.StatusAccepted {
+		t.Fatalf("900 kB body: %d", r.StatusCode)
+	}
+	s.settled(t, "k-fits")
+	if n := ledgerRows(t, s.env, "k-fits"); n != 1 {
+		t.Errorf("ledger rows for the body that fits = %d, want 1", n)
+	}
+}
+
+// M5: the HTTP server bounds what one client can hold. A client that trickles its
+// body is cut off at ReadTimeout; a header block over MaxHeaderBytes is refused.
+func TestHTTPServerBoundsSlowAndLargeClients(t *testing.T) {
+	s := setup(t)
+	cfg := s.config()
+	cfg.HTTP = refapp.HTTPConfig{ReadTimeout: 500 * time.Millisecond, MaxHeaderBytes: 4 << 10}
+	s.start(t, cfg)
+
+	conn, err := net.Dial("tcp", s.svc.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/payments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k-slow\r\nContent-Length: 100\r\n\r\n{")
+	start := time.Now()
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	buf := make([]byte, 1024)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			break // closed by the server (or an error answer then closed)
+		}
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("a trickling client held its connection for %s; ReadTimeout is 500ms", took)
+	}
+
+	req, _ := http.NewRequest(http.MethodPost, s.url("/v1/payments"), strings.NewReader(`{"account":"a","amount_cents":1}`))
+	req.Header.Set(idem.HeaderKey, "k-headers")
+	req.Header.Set("X-Padding", strings.Repeat("p", 8<<10))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("8 KiB of headers: %d, want 431", resp.StatusCode)
+	}
 }

@@ -80,6 +80,10 @@ type RetentionConfig struct {
 	Interval time.Duration
 	// Pause between batches of one round (default 0), to yield to the hot path.
 	Pause time.Duration
+	// DeadLetters is how long a dead letter is kept after it was filed (default
+	// DefaultDeadLetterRetention); it is kept anyway until its replay horizon has
+	// passed.
+	DeadLetters time.Duration
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -102,7 +106,7 @@ func (c Config) validate() error {
 	if c.ClientResendHorizon < 0 {
 		return errors.New("worker: ClientResendHorizon must not be negative")
 	}
-	if c.Retention.BatchSize < 0 || c.Retention.Interval < 0 || c.Retention.Pause < 0 {
+	if c.Retention.BatchSize < 0 || c.Retention.Interval < 0 || c.Retention.Pause < 0 || c.Retention.DeadLetters < 0 {
 		return errors.New("worker: Retention values must not be negative")
 	}
 	names := map[string]bool{}

@@ -16,9 +16,15 @@ import (
 // table).
 const OutcomeDeleted = "deleted"
 
-// collector deletes expired rows from idem_inbox, idem_requests and idem_outbox
-// (published rows only) in bounded batches. Retention keeps storage in check; the
-// key lifetimes themselves are never shortened to do so.
+// DefaultDeadLetterRetention is how long a dead letter is kept after it was filed,
+// replayed or not. A dead letter is also kept, however old, until its replay
+// horizon (when its consumer's inbox may forget the key) has passed: the record of
+// a message must not vanish while replaying it is still allowed.
+const DefaultDeadLetterRetention = 30 * 24 * time.Hour
+
+// collector deletes expired rows from idem_inbox, idem_requests, idem_outbox
+// (published rows only) and idem_dead_letters in bounded batches. Retention keeps
+// storage in check; the key lifetimes themselves are never shortened to do so.
 type collector struct {
 	pool    *pgxpool.Pool
 	cfg     RetentionConfig
@@ -27,14 +33,30 @@ type collector struct {
 	tables  []collectedTable
 }
 
-type collectedTable struct{ name, sql string }
+type collectedTable struct {
+	name, sql string
+	// args, when set, are the statement's parameters after the batch size.
+	args func(RetentionConfig) []any
+}
 
 func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
 	c := &collector{pool: pool, cfg: cfg, log: log.With("component", "collector"), observe: observe}
 	for _, t := range sqlCollect {
-		c.tables = append(c.tables, collectedTable{t.name, pgschema.Qualify(schema, t.sql)})
+		t.sql = pgschema.Qualify(schema, t.sql)
+		c.tables = append(c.tables, t)
 	}
 	return c
+}
+
+// deadLetterRetention is how long dead letters are kept after they were filed.
+// Retention is the collector's alone (the rows' expires_at stays NULL), so that
+// it is one setting for every consumer and a change applies to the rows already
+// filed.
+func (c RetentionConfig) deadLetterRetention() time.Duration {
+	if c.DeadLetters > 0 {
+		return c.DeadLetters
+	}
+	return DefaultDeadLetterRetention
 }
 
 // run collects every Interval until ctx is cancelled.
@@ -59,8 +81,12 @@ func (c *collector) run(ctx context.Context) error {
 func (c *collector) collectOnce(ctx context.Context) (int64, error) {
 	var total int64
 	for _, table := range c.tables {
+		args := []any{c.cfg.BatchSize}
+		if table.args != nil {
+			args = append(args, table.args(c.cfg)...)
+		}
 		for {
-			tag, err := c.pool.Exec(ctx, table.sql, c.cfg.BatchSize)
+			tag, err := c.pool.Exec(ctx, table.sql, args...)
 			if err != nil {
 				return total, fmt.Errorf("collect %s: %w", table.name, err)
 			}
@@ -102,13 +128,29 @@ func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
 // transaction is using right now is simply left for the next round. The worker is
 // the one place that knows every idem table, so retention's SQL lives here.
 var sqlCollect = []collectedTable{
-	{"idem_inbox", `
+	{name: "idem_inbox", sql: `
 DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	{"idem_requests", `
+	{name: "idem_requests", sql: `
 DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	{"idem_outbox", `
+	// Published rows, and rows the relay dead-lettered (their dead letter holds the
+	// message), once their retention has passed; never a pending row.
+	{name: "idem_outbox", sql: `
 DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_outbox WHERE published_at IS NOT NULL AND expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+  SELECT ctid FROM idem_outbox
+  WHERE (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) AND expires_at < now()
+  LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+	{name: "idem_attempts", sql: `
+DELETE FROM idem_attempts WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_attempts WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+	// Past retention (by created_at, its index) and past the replay horizon:
+	// until then a replay is still allowed, and the row is its only record. A row
+	// with no horizon (filed before schema v3, or by the relay) goes by age alone.
+	{name: "idem_dead_letters", sql: `
+DELETE FROM idem_dead_letters WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM idem_dead_letters
+  WHERE created_at < now() - $2::interval AND (inbox_expires_at IS NULL OR inbox_expires_at < now())
+  LIMIT $1 FOR UPDATE SKIP LOCKED))`,
+		args: func(c RetentionConfig) []any { return []any{c.deadLetterRetention()} }},
 }

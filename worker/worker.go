@@ -18,6 +18,12 @@ import (
 	"github.com/idemkit/idem/producer"
 )
 
+// headerReserve is what the ingress's default body limit leaves for the headers the
+// relay puts on a message (the key twice, in Idempotency-Key and Nats-Msg-Id, the
+// subject, the trace context): a body just under max_payload would otherwise be
+// accepted and then refused by the outbox.
+const headerReserve = 4 << 10
+
 // component is one long-running part of the worker.
 type component struct {
 	name string
@@ -66,8 +72,16 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 	w.metrics = newMetrics(w)
 	observe := idem.Observers(w.metrics.observe, cfg.Observer)
 
-	if w.outbox, err = outbox.New(outbox.Config{Schema: cfg.Schema, Subjects: cfg.Stream.Subjects}); err != nil {
+	// What the broker can carry bounds what the outbox accepts, and so what the
+	// ingress lets in: a request whose message could never be published is refused
+	// with 413 before anything commits.
+	maxPayload := nc.MaxPayload()
+	if w.outbox, err = outbox.New(outbox.Config{Schema: cfg.Schema, Subjects: cfg.Stream.Subjects, MaxPayload: maxPayload, Stream: cfg.Stream.Name}); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
+	}
+	budget := connectionBudget(pool, cfg)
+	if budget.short != "" {
+		w.log.Warn("worker: " + budget.short)
 	}
 	if cfg.Ingress != nil {
 		ic := *cfg.Ingress
@@ -76,6 +90,12 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 		ic.Observer = idem.Observers(observe, ic.Observer)
 		if ic.Logger == nil {
 			ic.Logger = w.log
+		}
+		if ic.MaxBodyBytes == 0 {
+			ic.MaxBodyBytes = min(producer.DefaultMaxBodyBytes, maxPayload-headerReserve)
+		}
+		if ic.MaxInFlight == 0 {
+			ic.MaxInFlight = budget.ingress
 		}
 		if w.ingress, err = producer.NewMiddleware(pool, ic); err != nil {
 			return nil, fmt.Errorf("worker: ingress: %w", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -343,6 +345,12 @@ func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 	      ('a', 'test.x', 'a', '\x00', now(), now() - interval '1 second'),
 	      ('b', 'test.x', 'b', '\x00', now(), now() + interval '1 hour'),
 	      ('c', 'test.x', 'c', '\x00', NULL, now() - interval '1 second')`)
+	// A row the relay dead-lettered goes with its retention (its dead letter holds
+	// the message); expired attempt counts go too, live ones stay.
+	exec(`INSERT INTO idem_outbox (key, subject, msg_id, payload, dead_lettered_at, expires_at) VALUES
+	      ('d', 'test.x', 'd', '\x00', now(), now() - interval '1 second')`)
+	exec(`INSERT INTO idem_attempts (consumer, key, attempts, expires_at) VALUES
+	      ('c', 'old', 3, now() - interval '1 second'), ('c', 'live', 2, now() + interval '1 hour')`)
 
 	w, err := worker.New(db.Pool, env.NC, worker.Config{
 		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}, Retention: worker.RetentionConfig{BatchSize: 1000}})
@@ -355,8 +363,11 @@ func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("deleted %d rows in %s", n, time.Since(start))
-	if n != 2500+1+1 {
-		t.Errorf("deleted %d rows, want 2502", n)
+	if n != 2500+1+2+1 {
+		t.Errorf("deleted %d rows, want 2504", n)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_attempts`); got != 1 {
+		t.Errorf("attempt rows left = %d, want the live one", got)
 	}
 	if got := db.Count(t, `SELECT count(*) FROM idem_inbox`); got != 10 {
 		t.Errorf("inbox rows left = %d, want the 10 live ones", got)
@@ -439,5 +450,92 @@ func TestMetrics(t *testing.T) {
 	}
 	if _, err := o.env.DB.Pool.Exec(context.Background(), `ALTER TABLE orders_idem.gone RENAME TO idem_outbox`); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// M5: the pool is split so that no part starves the others: the ingress gets what
+// the consumers, relay, collector and health checks leave (at least one request at
+// a time), and is refused beyond it with 503. A pool smaller than the parts can use
+// (pgxpool's default is max(4, CPUs)) still works; the worker says so.
+func TestConnectionBudget(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	pool := func(t *testing.T, maxConns int32) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(env.DB.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = maxConns
+		p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	cfg := ordersConfig(nil)
+	cfg.Schema = "" // shipping: Concurrency 2; relay 2; collector 1; health 1 = 6
+	var logs strings.Builder
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	for _, tc := range []struct {
+		maxConns   int32
+		inFlight   int
+		warnsSmall bool
+	}{{10, 4, false}, {7, 1, false}, {4, 1, true}} {
+		logs.Reset()
+		w, err := worker.New(pool(t, tc.maxConns), env.NC, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Ingress().Config().MaxInFlight; got != tc.inFlight {
+			t.Errorf("MaxConns %d: ingress MaxInFlight = %d, want %d", tc.maxConns, got, tc.inFlight)
+		}
+		if warned := strings.Contains(logs.String(), "smaller than the 7 connections"); warned != tc.warnsSmall {
+			t.Errorf("MaxConns %d: warned about the pool = %v, want %v (%s)", tc.maxConns, warned, tc.warnsSmall, logs.String())
+		}
+	}
+}
+
+// C1 for a service that takes bigger bodies than the broker carries: a message the
+// broker could never take is refused by Intent.Enqueue with outbox.ErrTooLarge
+// before anything is written, so the handler can answer 413.
+func TestEnqueueOfAMessageTooLargeForTheBroker(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	cfg := ordersConfig(nil)
+	cfg.Schema = ""
+	cfg.Ingress = &producer.Config{MaxBodyBytes: 4 << 20}
+	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(context.Background()) //nolint:errcheck
+	var enqueueErr error
+	h := w.Ingress().Wrap(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		in, _ := producer.IntentFrom(r.Context())
+		body, _ := io.ReadAll(r.Body)
+		if enqueueErr = in.Enqueue(r.Context(), "orders.created", body, nil); errors.Is(enqueueErr, outbox.ErrTooLarge) {
+			producer.WriteError(rw, http.StatusRequestEntityTooLarge, "too_large", enqueueErr.Error())
+			return
+		}
+		rw.WriteHeader(http.StatusAccepted)
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(strings.Repeat("x", int(env.NC.MaxPayload())+1)))
+	req.Header.Set(idem.HeaderKey, "k-huge")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !errors.Is(enqueueErr, outbox.ErrTooLarge) {
+		t.Fatalf("status %d, Enqueue error %v; want 413 and ErrTooLarge", resp.StatusCode, enqueueErr)
+	}
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {
+		t.Errorf("%d outbox rows for a message the broker cannot take", n)
 	}
 }

@@ -130,8 +130,12 @@ Output: one JSON line per intent on stdout,
   {"key":"...","attempts":N,"status":"...","http_status":N,"response":{...}}
 where status is done (a response was received and recorded), pending (not yet;
 resume will re-send it with the same key), rejected (a final 4xx) or expired (older
-than --key-lifetime; never re-sent, reconcile it by hand). With more than 20
-intents, resume and list also report progress and a summary on stderr.
+than --key-lifetime, or dated in the future because the clock was set back; never
+re-sent, reconcile it by hand). Two fields appear only when they apply:
+"truncated":true (the response body was cut at 1 MiB; the intent is done) and
+"error":"..." (why an intent expired, or why it is pending after a redirect, which
+is never followed: fix --api, then resume). With more than 20 intents, resume and
+list also report progress and a summary on stderr.
 
 Exit status:
   0  every intent is done
@@ -331,6 +335,8 @@ type line struct {
 	Status     string          `json:"status"`
 	HTTPStatus int             `json:"http_status"`
 	Response   json.RawMessage `json:"response"`
+	Truncated  bool            `json:"truncated,omitempty"`
+	Error      string          `json:"error,omitempty"`
 }
 
 func writeLine(out *json.Encoder, r client.Result) error {
@@ -340,6 +346,8 @@ func writeLine(out *json.Encoder, r client.Result) error {
 		Status:     string(r.Status),
 		HTTPStatus: r.HTTPStatus,
 		Response:   r.Response,
+		Truncated:  r.Truncated,
+		Error:      r.Error,
 	})
 }
 
@@ -361,7 +369,11 @@ func submit(ctx context.Context, c *client.Client, req client.Request, faults *f
 		return exitError
 	}
 	if err != nil && errors.Is(err, client.ErrStillPending) {
-		fmt.Fprintf(stderr, "enqueue: %v\nenqueue: the intent is journaled; run 'enqueue resume' to send it again with the same key\n", err)
+		fmt.Fprintf(stderr, "enqueue: %v\n", err)
+		if errors.Is(err, client.ErrRedirected) {
+			fmt.Fprintln(stderr, "enqueue: the service URL answers with a redirect; fix --api (or IDEM_API) first")
+		}
+		fmt.Fprintln(stderr, "enqueue: the intent is journaled; run 'enqueue resume' to send it again with the same key")
 	}
 	if err != nil && !errors.Is(err, client.ErrStillPending) {
 		return exitError

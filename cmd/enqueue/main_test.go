@@ -421,3 +421,41 @@ func TestDefaultJournalPath(t *testing.T) {
 		t.Fatalf("default journal holds %d intents (%v), want 1", len(all), err)
 	}
 }
+
+// A redirect is not the service's answer: enqueue does not follow it (net/http would
+// turn the POST into a GET of the Location and report the intent done). The intent
+// stays pending (exit 2) for a resume once --api is fixed, and the line says why.
+func TestRedirectNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		if r.Method == http.MethodPost {
+			w.Header().Set("Location", "/v1/payments/pay_1")
+			w.WriteHeader(http.StatusSeeOther)
+			return
+		}
+		_, _ = w.Write([]byte(`{"ok":true}`))
+	}))
+	t.Cleanup(srv.Close)
+	env := map[string]string{"IDEM_API": srv.URL, "IDEM_JOURNAL": filepath.Join(t.TempDir(), "enqueue.journal")}
+
+	r := runT(t, env, "charge", "--account", "a", "--amount-cents", "5")
+	if r.code != exitIncomplete || len(r.lines) != 1 || str(t, r.lines[0]["status"]) != "pending" {
+		t.Fatalf("exit %d, lines %v, stderr %q; want exit 2 and the intent pending", r.code, r.lines, r.stderr)
+	}
+	if msg := str(t, r.lines[0]["error"]); !strings.Contains(msg, "303") || !strings.Contains(msg, "/v1/payments/pay_1") {
+		t.Fatalf("error field %q does not name the redirect", msg)
+	}
+	if !strings.Contains(r.stderr, "fix --api") || !strings.Contains(r.stderr, "enqueue resume") {
+		t.Fatalf("stderr does not say to fix --api and resume: %q", r.stderr)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"POST /v1/payments"}; !reflect.DeepEqual(seen, want) {
+		t.Fatalf("server saw %q, want only %q", seen, want)
+	}
+}

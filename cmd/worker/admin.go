@@ -13,12 +13,15 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/refapp"
 )
 
@@ -78,37 +81,131 @@ func runMigrate(args []string, stdout, stderr io.Writer) error {
 }
 
 const deadLettersUsage = `usage:
-  worker dead-letters list [flags]       dead letters as JSON lines, newest first
-  worker dead-letters replay [flags] ID  put dead letter ID back on its way: it is
-                                         written to the outbox with its original key
-                                         and published by the running relay
+  worker dead-letters list [--consumer C] [--reason PREFIX] [--since T] [--until T]
+                           [--include-replayed] [--limit N] [--json] [flags]
+  worker dead-letters replay (ID | --consumer C --reason PREFIX --since T ... | --all)
+                           [--dry-run] [--force] [flags]
+
+list prints dead letters not yet replayed (with --include-replayed, all), newest
+first: a table, or JSON lines with --json (payloads whole).
+
+replay puts dead letters back on their way: ID alone, every one the filters select,
+or with --all every one not yet replayed. Each is written to the outbox with its
+original key, addressed to the consumer that dead-lettered it (Idem-Replay-For: the
+other consumers of the subject skip it), and published by the running relay. It
+prints one JSON line per dead letter (id, consumer, key, action: replayed,
+would-replay or refused, and the reason of a refusal) and a summary on stderr.
+Exit status 1 when any dead letter was refused.
+
+A dead letter is refused when its consumer's inbox may have forgotten the key: past
+its replay horizon, or filed before schema v3 with no horizon recorded. Replaying
+it could run an effect twice. --force replays it anyway: it may run an effect twice
+if the consumer had completed this key before. A dead letter without a valid key is
+always refused: fix its producer instead.
+
+T is a duration back from now (24h, 90m) or an RFC 3339 time. Flags may follow the
+arguments.
 
 flags:
 `
 
+// deadLetterFilter is the selection flags of both subcommands.
+type deadLetterFilter struct {
+	f     consumer.Filter
+	limit int
+	set   []string // the selecting flags given, for messages
+}
+
+func (d *deadLetterFilter) register(fs *flag.FlagSet, defaultLimit int) {
+	fs.Func("consumer", "only the dead letters of consumer `C`", func(v string) error {
+		d.f.Consumer = v
+		d.set = append(d.set, "--consumer")
+		return nil
+	})
+	fs.Func("reason", "only dead letters whose reason starts with `PREFIX`", func(v string) error {
+		d.f.ReasonPrefix = v
+		d.set = append(d.set, "--reason")
+		return nil
+	})
+	fs.Func("since", "only dead letters filed at or after `T` (a duration ago, or RFC 3339)", func(v string) (err error) {
+		d.f.Since, err = parseSince(v, time.Now())
+		d.set = append(d.set, "--since")
+		return err
+	})
+	fs.Func("until", "only dead letters filed before `T` (a duration ago, or RFC 3339)", func(v string) (err error) {
+		d.f.Until, err = parseSince(v, time.Now())
+		d.set = append(d.set, "--until")
+		return err
+	})
+	fs.BoolVar(&d.f.IncludeReplayed, "include-replayed", false, "also dead letters replayed before")
+	fs.IntVar(&d.limit, "limit", defaultLimit, "at most `N` dead letters (0: no limit)")
+}
+
+// parseSince reads a time flag: a duration back from now, or an RFC 3339 time.
+func parseSince(v string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(v); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("want a duration back from now such as 24h, not %q", v)
+		}
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("want a duration such as 24h or an RFC 3339 time such as 2025-01-31T12:00:00Z, not %q", v)
+	}
+	return t, nil
+}
+
 func runDeadLetters(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return errors.New("dead-letters: want list or replay ID")
+		return errors.New("dead-letters: want list or replay (see worker dead-letters -h)")
 	}
 	sub, args := args[0], args[1:]
 	if sub != "list" && sub != "replay" {
 		return fmt.Errorf("dead-letters: unknown subcommand %q (want list or replay)", sub)
 	}
-	o, fs, rest, err := parseOps("worker dead-letters "+sub, deadLettersUsage, args, stderr, nil)
+	var (
+		sel         deadLetterFilter
+		asJSON, all bool
+		opts        consumer.ReplayOptions
+	)
+	o, fs, rest, err := parseOps("worker dead-letters "+sub, deadLettersUsage, args, stderr, func(fs *flag.FlagSet) {
+		if sub == "list" {
+			sel.register(fs, 100)
+			fs.BoolVar(&asJSON, "json", false, "print JSON lines instead of a table")
+			return
+		}
+		sel.register(fs, 0)
+		fs.BoolVar(&all, "all", false, "replay every dead letter not yet replayed")
+		fs.BoolVar(&opts.DryRun, "dry-run", false, "write nothing: print what would be replayed and what refused")
+		fs.BoolVar(&opts.Force, "force", false, "replay dead letters past (or with an unknown) replay horizon; may run an effect twice if the consumer had completed this key before")
+	})
 	if err != nil {
 		return err
 	}
-	var id int64
-	if sub == "replay" {
-		if len(rest) != 1 {
-			return errors.New("dead-letters replay: want exactly one ID")
-		}
-		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil {
+	if sel.limit < 0 {
+		return fmt.Errorf("dead-letters %s: --limit must not be negative", sub)
+	}
+	sel.f.Limit = sel.limit
+	id := int64(0)
+	switch {
+	case sub == "list" && len(rest) > 0:
+		return fmt.Errorf("dead-letters list: unexpected arguments %q", rest)
+	case sub == "replay" && len(rest) > 1:
+		return fmt.Errorf("dead-letters replay: want at most one ID, got %q", rest)
+	case sub == "replay" && len(rest) == 1:
+		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
 			return fmt.Errorf("dead-letters replay: bad ID %q", rest[0])
 		}
-	} else if len(rest) > 0 {
-		return fmt.Errorf("dead-letters list: unexpected arguments %q", rest)
+		if all || len(sel.set) > 0 || sel.f.IncludeReplayed || sel.limit != 0 {
+			return errors.New("dead-letters replay: give an ID or a selection (filters, --all), not both")
+		}
+	case sub == "replay" && all && len(sel.set) > 0:
+		return fmt.Errorf("dead-letters replay: --all selects every dead letter; drop it to replay only what %s select", strings.Join(sel.set, ", "))
+	case sub == "replay" && !all && len(sel.set) == 0:
+		return errors.New("dead-letters replay: want an ID, a filter (--consumer, --reason, --since, --until) or --all")
 	}
+
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
 	pool, err := openOpsPool(ctx, o, fs)
@@ -120,28 +217,112 @@ func runDeadLetters(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	switch sub {
-	case "list":
-		list, err := dls.List(ctx, 1000)
-		if err != nil {
-			return err
+	switch {
+	case sub == "list":
+		return listDeadLetters(ctx, dls, sel.f, asJSON, stdout, stderr)
+	case id > 0:
+		return replayDeadLetter(ctx, dls, id, opts, stdout, stderr)
+	default:
+		rep, err := dls.Replay(ctx, sel.f, opts)
+		if werr := writeReplayReport(rep, opts, stdout, stderr); err == nil {
+			err = werr
 		}
+		return err
+	}
+}
+
+func listDeadLetters(ctx context.Context, dls *consumer.DeadLetters, f consumer.Filter, asJSON bool, stdout, stderr io.Writer) error {
+	list, err := dls.Find(ctx, f)
+	if err != nil {
+		return err
+	}
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		for _, dl := range list {
 			if err := enc.Encode(dl); err != nil {
 				return err
 			}
 		}
-		fmt.Fprintf(stderr, "%d dead letters\n", len(list))
-		return nil
-	default:
-		dl, err := dls.Replay(ctx, id)
-		if err != nil {
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tFILED\tCONSUMER\tKEY\tDELIVERIES\tREPLAY\tREASON")
+		now := time.Now()
+		for _, dl := range list {
+			fmt.Fprintf(tw, "%d\t%s ago\t%s\t%q\t%d\t%s\t%s\n", dl.ID, human(now.Sub(dl.CreatedAt)), dl.Consumer, dl.Key, dl.Deliveries,
+				replayState(dl, now), strings.ReplaceAll(dl.Reason, "\n", " "))
+		}
+		if err := tw.Flush(); err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "replayed dead letter %d (key %q, subject %s): queued in the outbox for the relay\n", dl.ID, dl.Key, dl.Subject)
-		return nil
 	}
+	more := ""
+	if f.Limit > 0 && len(list) == f.Limit {
+		more = " (--limit reached; there may be more)"
+	}
+	fmt.Fprintf(stderr, "%s%s\n", plural(len(list), "dead letter"), more)
+	return nil
+}
+
+// replayState says whether dl may be replayed now, for the table.
+func replayState(dl consumer.DeadLetter, now time.Time) string {
+	var s string
+	_, _, keyErr := idem.ParseScopedKey(dl.Key)
+	switch {
+	case keyErr != nil:
+		s = "never (no valid key)"
+	case dl.Consumer == outbox.RelayConsumer:
+		s = "any time (never published)"
+	case dl.InboxExpiresAt == nil:
+		s = "horizon unknown (--force)"
+	case dl.InboxExpiresAt.After(now):
+		s = "for " + human(dl.InboxExpiresAt.Sub(now))
+	default:
+		s = "past horizon (--force)"
+	}
+	if dl.ReplayedAt != nil {
+		s = "replayed " + human(now.Sub(*dl.ReplayedAt)) + " ago; " + s
+	}
+	return s
+}
+
+// replayDeadLetter is replay ID: one dead letter, replayed before or not, waiting
+// for a replay of it that is running at the same moment.
+func replayDeadLetter(ctx context.Context, dls *consumer.DeadLetters, id int64, opts consumer.ReplayOptions, stdout, stderr io.Writer) error {
+	res, err := dls.ReplayID(ctx, id, opts)
+	if err != nil && !errors.Is(err, consumer.ErrReplayRefused) {
+		return err
+	}
+	return writeReplayReport(consumer.ReplayReport{Results: []consumer.ReplayResult{res}}, opts, stdout, stderr)
+}
+
+// writeReplayReport prints one JSON line per dead letter and the summary; an
+// error when any was refused, for the exit status.
+func writeReplayReport(rep consumer.ReplayReport, opts consumer.ReplayOptions, stdout, stderr io.Writer) error {
+	enc := json.NewEncoder(stdout)
+	for _, r := range rep.Results {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	refused := rep.Count(consumer.ActionRefused)
+	switch {
+	case len(rep.Results) == 0:
+		fmt.Fprintln(stderr, "no dead letters selected")
+	case opts.DryRun:
+		fmt.Fprintf(stderr, "dry run: would replay %d, would refuse %d; nothing was written\n", rep.Count(consumer.ActionWouldReplay), refused)
+	default:
+		replayed := rep.Count(consumer.ActionReplayed)
+		queued := ""
+		if replayed > 0 {
+			queued = "; the replays are queued in the outbox for the running relay to publish"
+		}
+		fmt.Fprintf(stderr, "replayed %d, refused %d%s\n", replayed, refused, queued)
+	}
+	if refused > 0 {
+		return fmt.Errorf("dead-letters replay: %s refused (see the reason on each line; --force replays those past their replay horizon, never those without a key)",
+			plural(refused, "dead letter"))
+	}
+	return nil
 }
 
 // runHealthcheck asks a running worker's /readyz; for container health checks,

@@ -2,8 +2,8 @@ package main
 
 // worker inspect KEY: everything idem knows about one idempotency key. This file
 // also holds what inspect and stats share: flag parsing that lets flags follow the
-// KEY, and finding the database (including the private Postgres a zero-setup
-// worker started under --data-dir).
+// KEY, and finding the database (the one the worker of --data-dir recorded,
+// including the private Postgres a zero-setup worker started there).
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgembed"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/ops"
 	"github.com/idemkit/idem/refapp"
 )
@@ -144,15 +145,61 @@ func parseOps(name, usage string, args []string, stderr io.Writer, extra func(*f
 }
 
 // openOpsPool connects to the database like openPool. When the user named no
-// database (neither --database-url nor DATABASE_URL) and none answers at the
-// default, it tries the private Postgres a zero-setup worker runs under
-// --data-dir, which is where that worker's rows are.
+// database (neither --database-url nor DATABASE_URL), it goes where the worker of
+// --data-dir runs, as that worker recorded it (runenv.DatabaseFile): its private
+// Postgres, or the default URL, and checks that it reached the recorded database.
+// A data dir without a record (a worker of an earlier version) gets the old
+// guess: the default URL, else the private Postgres under --data-dir. It takes no
+// lock: it runs beside the worker.
 func openOpsPool(ctx context.Context, o *options, fs *flag.FlagSet) (*pgxpool.Pool, error) {
-	pool, err := openPool(ctx, o)
-	if err == nil || databaseURLExplicit(fs) {
-		return pool, err
+	if databaseURLExplicit(fs) || o.dataDir == "" {
+		return openPool(ctx, o)
+	}
+	rec, err := runenv.ReadDatabaseRecord(o.dataDir)
+	if err != nil {
+		return nil, err
 	}
 	dir := filepath.Join(o.dataDir, pgembed.Subdir)
+	recordFile := filepath.Join(o.dataDir, runenv.DatabaseFile)
+	var pool *pgxpool.Pool
+	url := o.databaseURL
+	switch {
+	case rec == nil:
+		return openGuessedPool(ctx, o, dir)
+	case rec.Private:
+		private, err := pgembed.URL(dir)
+		if err != nil {
+			return nil, fmt.Errorf("the worker of data dir %s runs on its private Postgres (%s), but: %w", o.dataDir, recordFile, err)
+		}
+		o2 := *o
+		o2.databaseURL, url = private, private
+		if pool, err = openPool(ctx, &o2); err != nil {
+			return nil, fmt.Errorf("the worker of data dir %s runs on its private Postgres under %s (%s): is the worker running? %w",
+				o.dataDir, dir, runenv.Redact(private), err)
+		}
+	default:
+		if runenv.Redact(o.databaseURL) != rec.URL {
+			return nil, fmt.Errorf("the worker of data dir %s runs on the database at %s (%s): give it with --database-url or DATABASE_URL",
+				o.dataDir, rec.URL, recordFile)
+		}
+		if pool, err = openPool(ctx, o); err != nil {
+			return nil, err
+		}
+	}
+	if err := rec.Check(ctx, pool, o.dataDir, url); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
+}
+
+// openGuessedPool is openOpsPool for a data dir without a database record: the
+// default URL, and when nothing answers there the private Postgres under dir.
+func openGuessedPool(ctx context.Context, o *options, dir string) (*pgxpool.Pool, error) {
+	pool, err := openPool(ctx, o)
+	if err == nil {
+		return pool, nil
+	}
 	private, perr := pgembed.URL(dir)
 	if perr != nil {
 		return nil, fmt.Errorf("%w (and no private Postgres was ever started under %s: set --database-url or DATABASE_URL)", err, dir)
@@ -162,7 +209,7 @@ func openOpsPool(ctx context.Context, o *options, fs *flag.FlagSet) (*pgxpool.Po
 	pool, perr = openPool(ctx, &o2)
 	if perr != nil {
 		return nil, fmt.Errorf("%w; nor does the worker's private Postgres under %s (%s): is the worker running? %v",
-			err, dir, private, perr)
+			err, dir, runenv.Redact(private), perr)
 	}
 	return pool, nil
 }

@@ -13,7 +13,10 @@
 // Every flag has an environment fallback (see worker -h). With NATS_URL empty the
 // worker starts an embedded JetStream server whose store lives under --data-dir;
 // with no database named at all and none answering at the default URL, it starts a
-// private Postgres from the machine's binaries there too.
+// private Postgres from the machine's binaries there too. The data dir is
+// absolute by default (per user, see runenv.DefaultDataDir), so the operator
+// subcommands find a running worker's private Postgres and JetStream server from
+// any working directory.
 package main
 
 import (
@@ -25,12 +28,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/refapp"
 )
@@ -70,7 +75,8 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", runenv.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URL; empty starts an embedded JetStream server (env NATS_URL)")
 	fs.StringVar(&o.httpAddr, "http-addr", env("IDEM_HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env IDEM_HTTP_ADDR)")
-	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", "idem-data"), "directory for the embedded JetStream store and the private Postgres (env IDEM_DATA_DIR)")
+	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", defaultDataDir()), "directory for the embedded JetStream store, the private Postgres, the worker's lock and its database record; "+
+		"the operator commands find a running worker's files there (env IDEM_DATA_DIR; default $XDG_STATE_HOME/idem, else ~/.local/state/idem, /var/lib/idem for root)")
 	fs.StringVar(&o.smtpAddr, "smtp-addr", env("IDEM_SMTP_ADDR", ""), "SMTP server host:port for the email consumer; empty runs none (env IDEM_SMTP_ADDR)")
 	fs.StringVar(&o.schema, "schema", env("IDEM_SCHEMA", ""), "Postgres schema of the idem_* tables; empty is public (env IDEM_SCHEMA)")
 	fs.StringVar(&o.logFormat, "log-format", env("IDEM_LOG_FORMAT", "text"), "log format: text or json (env IDEM_LOG_FORMAT)")
@@ -84,6 +90,16 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 		return err
 	})
 	return fs, o
+}
+
+// defaultDataDir is runenv.DefaultDataDir, or empty when there is none (no home
+// directory): runenv.Open then says to set --data-dir.
+func defaultDataDir() string {
+	d, err := runenv.DefaultDataDir()
+	if err != nil {
+		return ""
+	}
+	return d
 }
 
 // parseAckWait reads --ack-wait or IDEM_ACK_WAIT.
@@ -218,6 +234,8 @@ func runService(args []string, stderr io.Writer) error {
 		return fmt.Errorf("--trace must be empty or stderr, not %q", o.trace)
 	}
 
+	warnLegacyDataDir(fs, o, log)
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	ctx = withFaults(ctx, faults, log)
@@ -232,7 +250,7 @@ func runService(args []string, stderr io.Writer) error {
 		return err
 	}
 	defer e.Close(context.Background()) //nolint:errcheck
-	log.Info("connected", "database", runenv.Redact(e.DatabaseURL), "nats", e.NATSURL)
+	log.Info("connected", "database", runenv.Redact(e.DatabaseURL), "nats", embeddednats.Redact(e.NATSURL), "data_dir", e.DataDir)
 	svc, err := refapp.Start(ctx, e.Pool, e.NC, cfg)
 	if err != nil {
 		return err
@@ -260,6 +278,32 @@ func runService(args []string, stderr io.Writer) error {
 	}
 	log.Info("worker stopped")
 	return nil
+}
+
+// legacyDataDir is where earlier versions kept the data dir by default: relative
+// to the working directory, so each directory a worker ran in had its own.
+const legacyDataDir = "idem-data"
+
+// warnLegacyDataDir says so when the worker was started, with no data dir named,
+// in a directory holding an earlier version's data dir: that worker's private
+// Postgres and JetStream store are there, not in the default one used now.
+func warnLegacyDataDir(fs *flag.FlagSet, o *options, log *slog.Logger) {
+	named := os.Getenv("IDEM_DATA_DIR") != ""
+	fs.Visit(func(f *flag.Flag) { named = named || f.Name == "data-dir" })
+	if named {
+		return
+	}
+	fi, err := os.Stat(legacyDataDir)
+	if err != nil || !fi.IsDir() {
+		return
+	}
+	old, err := filepath.Abs(legacyDataDir)
+	if err != nil || old == o.dataDir {
+		return
+	}
+	log.Warn("the working directory holds the data dir of an earlier version (its private Postgres and JetStream store), "+
+		"but this version's default data dir is another: to keep using the old one, pass --data-dir or set IDEM_DATA_DIR",
+		"old", old, "data_dir", o.dataDir)
 }
 
 func applyRoles(cfg *refapp.Config, roles string) error {

@@ -43,7 +43,7 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{[]string{"--ack-wait", "soon"}, 1, "want a positive duration"},
 		{[]string{"--ack-wait", "-5s"}, 1, "want a positive duration"},
 		{[]string{"migrate", "--schema", "Bad-Name"}, 1, "lower-case identifier"},
-		{[]string{"dead-letters", "replay"}, 1, "want exactly one ID"},
+		{[]string{"dead-letters", "replay"}, 1, "dead-letters replay: want"}, // admin.go is being reworded (ID or filter)
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
@@ -204,5 +204,29 @@ func TestNoMigrateOnAnEmptyDatabase(t *testing.T) {
 	code := run([]string{"--no-migrate", "--database-url", db.URL, "--data-dir", t.TempDir(), "--http-addr", freeAddr(t)}, &out, &errb)
 	if code == 0 || !strings.Contains(errb.String(), "worker migrate") {
 		t.Fatalf("run --no-migrate on an empty database = %d, %q; want an error naming `worker migrate`", code, errb.String())
+	}
+}
+
+// Earlier versions kept the data dir in ./idem-data; a worker started where one is
+// left says that it now uses another, and how to keep the old one.
+func TestWarnsAboutTheDataDirOfAnEarlierVersion(t *testing.T) {
+	state := t.TempDir()
+	t.Setenv("XDG_STATE_HOME", state) // rules out t.Parallel
+	t.Setenv("IDEM_DATA_DIR", "")
+	t.Chdir(t.TempDir())
+	if err := os.Mkdir("idem-data", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dead := "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
+	var out, errb bytes.Buffer
+	if code := run([]string{"--database-url", dead, "--http-addr", freeAddr(t)}, &out, &errb); code == 0 {
+		t.Fatal("started without a database")
+	}
+	mustContain(t, "stderr", errb.String(), "data dir of an earlier version", "idem-data", filepath.Join(state, "idem"), "--data-dir")
+
+	errb.Reset()
+	run([]string{"--database-url", dead, "--http-addr", freeAddr(t), "--data-dir", "idem-data"}, &out, &errb)
+	if strings.Contains(errb.String(), "earlier version") {
+		t.Errorf("warned although --data-dir was given:\n%s", errb.String())
 	}
 }

@@ -19,11 +19,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/pgembed"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/ops"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/refapp"
@@ -355,7 +357,10 @@ func TestStatsShowsConsumerLag(t *testing.T) {
 	}
 
 	out, _, _ = worker(t, "stats", "--database-url", env.DB.URL, "--nats-url", env.NATS.URL())
-	mustContain(t, "stats", out, "jetstream "+env.NATS.URL(), "stream IDEM: 3 messages", refapp.ChargeConsumer, refapp.SubjectCharge)
+	mustContain(t, "stats", out, "jetstream "+embeddednats.Redact(env.NATS.URL()), "stream IDEM: 3 messages", refapp.ChargeConsumer, refapp.SubjectCharge)
+	if token := env.NATS.Config().Token; strings.Contains(out, token) {
+		t.Errorf("stats shows the server's token:\n%s", out)
+	}
 }
 
 func TestHuman(t *testing.T) {
@@ -422,5 +427,96 @@ func TestOpsFindThePrivatePostgres(t *testing.T) {
 	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
 	if _, err := openOpsPool(ctx, o, fs); err == nil || !strings.Contains(err.Error(), "no private Postgres was ever started") {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// L9: the operator commands find a zero-setup worker's private Postgres (and its
+// embedded JetStream) from any working directory, with the data dir given by the
+// environment only, while the worker runs (they take none of its locks), and even
+// though a Postgres answers at the default URL: the data dir records that its
+// worker uses the private cluster.
+func TestOpsFindTheZeroSetupWorkerFromAnyDirectory(t *testing.T) {
+	if _, err := os.Stat("/usr/lib/postgresql"); err != nil {
+		t.Skip("no PostgreSQL server binaries on this machine") // .ci/run installs them
+	}
+	// A home the postgres system user can reach when the test runs as root.
+	home, err := os.MkdirTemp("", "idem-home-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(home, 0o755) //nolint:errcheck // the postgres user must reach it
+	t.Cleanup(func() { os.RemoveAll(home) })
+	for k, v := range map[string]string{"XDG_STATE_HOME": filepath.Join(home, "state"), "HOME": home,
+		"IDEM_DATA_DIR": "", "DATABASE_URL": "", "NATS_URL": "", "IDEM_SCHEMA": ""} {
+		t.Setenv(k, v) // rules out t.Parallel
+	}
+	dataDir := filepath.Join(home, "state", "idem")
+
+	// The worker as runService opens it when nothing answers at its default URL.
+	ctx := context.Background()
+	e, err := runenv.Open(ctx, runenv.Config{DatabaseURL: "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable",
+		PrivatePostgres: true, DataDir: dataDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := e.Close(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	if _, err := migrations.Apply(ctx, e.Pool, migrations.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := refapp.Migrate(ctx, e.Pool); err != nil {
+		t.Fatal(err)
+	}
+	seedKey(t, &pgtest.DB{Pool: e.Pool}, "", "", "k-zero-setup")
+	js, err := jetstream.New(e.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.EnsureStream(ctx, js, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Chdir(t.TempDir()) // anywhere but where the worker started
+
+	out, errs, code := worker(t, "inspect", "k-zero-setup")
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s\n%s", code, errs, out)
+	}
+	mustContain(t, "inspect", out, "charges: done", "dead letters (1)")
+
+	out, errs, code = worker(t, "stats", "--json")
+	if code != 0 {
+		t.Fatalf("stats: exit %d: %s", code, errs)
+	}
+	var st statsOutput
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if st.Requests.Total != 1 || count(st.Stats, "payments") != 1 {
+		t.Errorf("stats = %+v", st.Stats)
+	}
+	if st.JetStream == nil || st.JetStream.Stream != refapp.StreamName {
+		t.Errorf("stats found no JetStream: %+v (%s)", st.JetStream, st.JetStreamError)
+	} else if strings.Contains(out, e.NATSURL) || strings.Contains(out, "@") {
+		t.Errorf("stats prints the NATS credential:\n%s", out)
+	}
+
+	out, errs, code = worker(t, "dead-letters", "list")
+	if code != 0 || !strings.Contains(out, "fingerprint mismatch: test") {
+		t.Errorf("dead-letters list: exit %d: %s\n%s", code, errs, out)
+	}
+
+	t.Setenv("IDEM_SCHEMA", "zero_setup")
+	if out, errs, code = worker(t, "migrate"); code != 0 {
+		t.Fatalf("migrate: exit %d: %s\n%s", code, errs, out)
+	}
+	var n int
+	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'zero_setup' AND tablename = 'idem_outbox'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("migrate did not reach the private cluster: %d tables, %v", n, err)
 	}
 }

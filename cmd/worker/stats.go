@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/ops"
@@ -108,9 +109,10 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 }
 
 func readJetStream(ctx context.Context, url string) (*ops.JetStreamStats, error) {
+	// The URL of an embedded server carries its token: show it without.
 	nc, err := nats.Connect(url, nats.Name("idem-worker-stats"), nats.Timeout(3*time.Second))
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(url), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -121,7 +123,7 @@ func readJetStream(ctx context.Context, url string) (*ops.JetStreamStats, error)
 	if err != nil {
 		return nil, err
 	}
-	s.URL = url
+	s.URL = embeddednats.Redact(url)
 	return s, nil
 }
 

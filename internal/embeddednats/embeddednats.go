@@ -2,13 +2,21 @@
 // default when NATS_URL is empty, and the broker of the test suite. It is the
 // nats-server code itself, not a stand-in; its store survives restarts on the same
 // directory.
+//
+// The server requires a token, generated at Start unless Config.Token gives one,
+// and URL carries it: without one any local user of the machine could publish on
+// the stream, delete it, or pull and ack a durable consumer's messages.
 package embeddednats
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -29,6 +37,10 @@ type Config struct {
 	SyncAlways bool
 	// ReadyTimeout bounds the wait for the server to accept connections (default 10s).
 	ReadyTimeout time.Duration
+	// Token is the credential clients must present (URL carries it). Empty
+	// generates one; set it to restart a server with the token its clients know
+	// (Config returns it).
+	Token string
 }
 
 // Server is a running embedded server.
@@ -48,6 +60,13 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 10 * time.Second
 	}
+	if cfg.Token == "" {
+		var b [24]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return nil, fmt.Errorf("embeddednats: generate a token: %w", err)
+		}
+		cfg.Token = hex.EncodeToString(b[:])
+	}
 	port := cfg.Port
 	if port == 0 {
 		p, err := freePort(cfg.Host)
@@ -62,8 +81,10 @@ func Start(cfg Config) (*Server, error) {
 		Port:       port,
 		JetStream:  true,
 		StoreDir:   cfg.StoreDir,
-		NoSigs:     true,
-		NoLog:      true,
+		// Authorization is the token every client must present.
+		Authorization: cfg.Token,
+		NoSigs:        true,
+		NoLog:         true,
 	}
 	if cfg.SyncAlways {
 		opts.SyncAlways = true
@@ -81,13 +102,32 @@ func Start(cfg Config) (*Server, error) {
 	return &Server{Server: ns, cfg: cfg}, nil
 }
 
-// URL is the client URL of the server.
+// URL is the client URL of the server, token included (nats.Connect takes a URL's
+// user part without a password as the token). Treat it as a secret; Redact shows
+// it without the token.
 func (s *Server) URL() string {
-	return "nats://" + net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))
+	u := url.URL{Scheme: "nats", User: url.User(s.cfg.Token), Host: net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))}
+	return u.String()
 }
 
-// Config returns the configuration the server runs with (Port filled in), so a test
-// can restart it on the same port and store.
+// Redact returns a NATS URL (or a comma-separated list of them, as nats.Connect
+// takes) without credentials, for logs and messages.
+func Redact(natsURL string) string {
+	parts := strings.Split(natsURL, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "(unparseable URL)"
+			continue
+		}
+		u.User = nil
+		parts[i] = u.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// Config returns the configuration the server runs with (Port and Token filled
+// in), so a test can restart it on the same port and store with the same token.
 func (s *Server) Config() Config { return s.cfg }
 
 // Stop shuts the server down and waits for it to finish.

@@ -57,10 +57,19 @@ const (
 	// Armed, in-transaction consumers run every delivery's handler without claiming
 	// its key, so a checker must see doubled effects.
 	SkipInboxClaim Point = "consumer.skip-inbox-claim"
+
+	// MarkedMessages is a switch: armed, a handler about to run a message that
+	// carries the header MarkHeader fails the way the header says — "panic" panics
+	// inside the handler call (a handler's bug), "kill" SIGKILLs the process there
+	// (a message that crashes its worker every time: a restart loop).
+	MarkedMessages Point = "consumer.marked-messages"
 )
 
+// MarkHeader marks a message for MarkedMessages.
+const MarkHeader = "Idem-Fault"
+
 // Points lists every point, for validation and for help texts.
-var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim}
+var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim, MarkedMessages}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -129,13 +138,32 @@ func Parse(spec string) (*Set, error) {
 		switch {
 		case action != "kill" && action != "exit" && action != "on":
 			return nil, fmt.Errorf("faults: %q: action must be kill, exit or on", item)
-		case (action == "on") != (p == SkipInboxClaim):
-			return nil, fmt.Errorf("faults: %q: %s takes %s", item, p, map[bool]string{true: "on", false: "kill or exit"}[p == SkipInboxClaim])
+		case (action == "on") != switches[p]:
+			return nil, fmt.Errorf("faults: %q: %s takes %s", item, p, map[bool]string{true: "on", false: "kill or exit"}[switches[p]])
 		}
 		f.action = action
 		s.points[p] = f
 	}
 	return s, nil
+}
+
+// switches are the points armed with "on" rather than a crash.
+var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true}
+
+// Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
+// for "panic" and kills the process for "kill". Call it where the handler runs.
+func (s *Set) Marked(mark string) {
+	if mark == "" || !s.On(MarkedMessages) {
+		return
+	}
+	switch mark {
+	case "panic":
+		panic("faults: a marked message's handler panics")
+	case "kill":
+		fmt.Fprintf(os.Stderr, "faults: %s: a marked message kills its worker\n", MarkedMessages)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
 }
 
 func known() string {

@@ -80,3 +80,18 @@ func TestHitKillsOnTheNthHit(t *testing.T) {
 		t.Fatalf("child output %q: want death exactly at the second hit", out)
 	}
 }
+
+func TestMarkedMessages(t *testing.T) {
+	var none *Set
+	none.Marked("panic") // inert without the switch
+	New().Marked("panic")
+	s := New().Switch(MarkedMessages)
+	s.Marked("")      // unmarked messages pass
+	s.Marked("other") // unknown marks pass
+	defer func() {
+		if v := recover(); v == nil {
+			t.Fatal("a message marked panic did not panic")
+		}
+	}()
+	s.Marked("panic")
+}

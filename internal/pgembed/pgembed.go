@@ -9,19 +9,23 @@
 //
 //	<Dir>/pgdata/        the cluster (initdb's data directory; a cluster made
 //	                     directly in Dir by an earlier version is used in place)
+//	<Dir>/password       the superuser's generated password (mode 0600)
 //	<Dir>/port           the TCP port it listens on, chosen once and reused
 //	<Dir>/postgres.log   the server's log
 //	<Dir>/lock           serialises two processes starting the same cluster
 //
-// The server listens on 127.0.0.1 only, with trust authentication for the
-// database superuser "postgres" and no Unix sockets (so it needs no
-// /var/run/postgresql). Trust means any local user of the machine can connect:
-// this is a development convenience, not a production deployment; production sets
-// DATABASE_URL.
+// The server listens on 127.0.0.1 only, with no Unix sockets (so it needs no
+// /var/run/postgresql), and every login needs the superuser's password
+// (scram-sha-256): the URL Ensure and URL return carries it, and so does the
+// password file, which only this process's user can read. A cluster an earlier
+// version created with trust authentication is closed the same way at its next
+// start. It is still a development convenience, not a production deployment;
+// production sets DATABASE_URL.
 //
 // PostgreSQL refuses to run as root. When this process is root, pgembed runs
 // initdb and pg_ctl as the "postgres" system user instead, which must be able to
-// reach Dir.
+// reach Dir. Dir then belongs to that user, and pgembed opens the files it keeps
+// there without following symlinks (see files.go).
 package pgembed
 
 import (
@@ -50,6 +54,7 @@ const Subdir = "postgres"
 const DefaultPort = 54329
 
 // Superuser and Database are the role and the database in the URL Ensure returns.
+// The URL carries the superuser's password too.
 const (
 	Superuser = "postgres"
 	Database  = "postgres"
@@ -104,26 +109,38 @@ func (c Config) withDefaults() (Config, error) {
 
 // The files and directories under Config.Dir.
 const (
-	pgdataDir = "pgdata"
-	portFile  = "port"
-	logFile   = "postgres.log"
-	lockFile  = "lock"
+	pgdataDir    = "pgdata"
+	passwordFile = "password"
+	portFile     = "port"
+	logFile      = "postgres.log"
+	lockFile     = "lock"
 )
 
-// URLForPort is the connection URL of a private cluster listening on port.
-func URLForPort(port int) string {
-	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", Superuser, port, Database)
+// urlFor is the connection URL of a private cluster listening on port. password is
+// empty only for a cluster an earlier version created with trust authentication,
+// still run by that version.
+func urlFor(port int, password string) string {
+	user := Superuser
+	if password != "" {
+		user += ":" + password
+	}
+	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", user, port, Database)
 }
 
-// URL returns the connection URL of the private cluster in dir, from the port its
-// last start recorded. It does not start anything or check that the server runs;
-// operator commands use it to find the cluster a running worker started.
+// URL returns the connection URL of the private cluster in dir, password included,
+// from the port its last start recorded. It does not start anything or check that
+// the server runs; operator commands use it to find the cluster a running worker
+// started.
 func URL(dir string) (string, error) {
 	port, err := readPort(filepath.Join(dir, portFile))
 	if err != nil {
 		return "", fmt.Errorf("pgembed: no private Postgres under %s: %w", dir, err)
 	}
-	return URLForPort(port), nil
+	pw, err := readPassword(filepath.Join(dir, passwordFile))
+	if err != nil {
+		return "", err
+	}
+	return urlFor(port, pw), nil
 }
 
 // Fallback is what a program calls when the user did not choose a database: it
@@ -192,12 +209,23 @@ func Ensure(ctx context.Context, cfg Config) (url string, stop func(context.Cont
 		return "", nil, err
 	}
 	defer unlock()
+	// Refuse a planted symlink now, before initdb and a start that would only be
+	// undone when the port is recorded.
+	for _, name := range []string{passwordFile, portFile} {
+		if fi, err := os.Lstat(filepath.Join(cfg.Dir, name)); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			return "", nil, fmt.Errorf("pgembed: %s %w", filepath.Join(cfg.Dir, name), errSymlink)
+		}
+	}
 
 	pgdata := filepath.Join(cfg.Dir, pgdataDir)
-	if _, err := os.Stat(filepath.Join(cfg.Dir, "PG_VERSION")); err == nil {
+	if _, err := readPlain(filepath.Join(cfg.Dir, "PG_VERSION"), 16); err == nil {
 		// A cluster made directly in Dir (the layout of the earlier internal/pglocal):
 		// run it where it is rather than create a second one beside it.
 		pgdata = cfg.Dir
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", nil, fmt.Errorf("pgembed: %w", err)
+	} else if err := r.checkPgdata(pgdata); err != nil {
+		return "", nil, err
 	}
 	// A cluster can only be run by binaries of the major version that created it.
 	existingMajor, err := clusterMajor(pgdata)
@@ -210,6 +238,12 @@ func Ensure(ctx context.Context, cfg Config) (url string, stop func(context.Cont
 	}
 	r.bins = bins
 
+	// Before initdb, which reads it; for an existing cluster without one (an
+	// earlier version's), closeTrust sets it.
+	password, err := r.ensurePassword()
+	if err != nil {
+		return "", nil, err
+	}
 	if existingMajor == "" {
 		if err := r.initdb(ctx, pgdata); err != nil {
 			return "", nil, err
@@ -217,30 +251,52 @@ func Ensure(ctx context.Context, cfg Config) (url string, stop func(context.Cont
 	}
 
 	stop = r.stopFunc(pgdata)
-	if port, running, err := r.running(ctx, pgdata); err != nil {
-		return "", nil, err
-	} else if running {
-		log.Info("private Postgres was already running; reusing it", "port", port, "pgdata", pgdata)
-		if err := writePort(filepath.Join(cfg.Dir, portFile), port); err != nil {
-			return "", nil, err
-		}
-		return URLForPort(port), stop, nil
-	}
-
-	port, err := choosePort(cfg.Port, filepath.Join(cfg.Dir, portFile), log)
+	port, running, err := r.running(ctx, pgdata)
 	if err != nil {
 		return "", nil, err
 	}
-	if err := r.start(ctx, pgdata, port); err != nil {
+	if running {
+		log.Info("private Postgres was already running; reusing it", "port", port, "pgdata", pgdata)
+	} else if port, err = r.startOnAPort(ctx, pgdata); err != nil {
+		return "", nil, err
+	}
+	// From here on the server runs: on error, stop it only if we started it.
+	fail := func(err error) (string, func(context.Context) error, error) {
+		if !running {
+			_ = stop(context.WithoutCancel(ctx))
+		}
 		return "", nil, err
 	}
 	if err := writePort(filepath.Join(cfg.Dir, portFile), port); err != nil {
-		_ = stop(context.WithoutCancel(ctx))
-		return "", nil, err
+		return fail(err)
 	}
-	url = URLForPort(port)
-	log.Info("private Postgres ready", "url", url, "version", bins.version, "log", filepath.Join(cfg.Dir, logFile))
+	url = urlFor(port, password)
+	if err := r.closeTrust(ctx, url); err != nil {
+		return fail(err)
+	}
+	if !running {
+		log.Info("private Postgres ready", "url", redact(url), "version", bins.version, "log", filepath.Join(cfg.Dir, logFile))
+	}
 	return url, stop, nil
+}
+
+// startOnAPort starts the server on the port choosePort picks. Should another
+// program take that port between the choice and the server's bind (two clusters
+// starting at once), it tries once more on a free port, unless Config.Port fixed it.
+func (r *runner) startOnAPort(ctx context.Context, pgdata string) (int, error) {
+	port, err := choosePort(r.cfg.Port, filepath.Join(r.cfg.Dir, portFile), r.cfg.Logger)
+	if err != nil {
+		return 0, err
+	}
+	err = r.start(ctx, pgdata, port)
+	if err == nil || r.cfg.Port != 0 || portFree(port) {
+		return port, err
+	}
+	r.cfg.Logger.Warn("another program took the port while the private Postgres started; trying another", "port", port)
+	if port, err = anyFreePort(); err != nil {
+		return 0, err
+	}
+	return port, r.start(ctx, pgdata, port)
 }
 
 // stopFunc returns the idempotent stop function for the cluster in pgdata.
@@ -259,7 +315,7 @@ func (r *runner) stopFunc(pgdata string) func(context.Context) error {
 // clusterMajor returns the major version recorded in pgdata/PG_VERSION ("15",
 // "9.6"), or "" when there is no cluster yet.
 func clusterMajor(pgdata string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(pgdata, "PG_VERSION"))
+	b, err := readPlain(filepath.Join(pgdata, "PG_VERSION"), 16)
 	if errors.Is(err, os.ErrNotExist) {
 		if entries, _ := os.ReadDir(pgdata); len(entries) > 0 {
 			// Half a cluster: initdb was interrupted. initdb refuses a non-empty
@@ -288,6 +344,10 @@ func choosePort(want int, recordedFile string, log *slog.Logger) (int, error) {
 	if portFree(DefaultPort) {
 		return DefaultPort, nil
 	}
+	return anyFreePort()
+}
+
+func anyFreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("pgembed: find a free port: %w", err)
@@ -306,19 +366,22 @@ func portFree(port int) bool {
 }
 
 func readPort(path string) (int, error) {
-	b, err := os.ReadFile(path)
+	b, err := readPlain(path, 16)
 	if err != nil {
 		return 0, err
 	}
 	port, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || port <= 0 || port > 65535 {
-		return 0, fmt.Errorf("%s: not a port: %q", path, strings.TrimSpace(string(b)))
+		// Not the content: it is not ours, and under root it need not be the user's.
+		return 0, fmt.Errorf("%s: does not hold a port number", path)
 	}
 	return port, nil
 }
 
+// writePort records the port. The file belongs to this process's user (root under
+// root): the port is no secret, but it must not be changed behind the worker's back.
 func writePort(path string, port int) error {
-	if err := os.WriteFile(path, []byte(strconv.Itoa(port)+"\n"), 0o644); err != nil {
+	if err := writePlain(path, []byte(strconv.Itoa(port)+"\n"), 0o644, nil); err != nil {
 		return fmt.Errorf("pgembed: record port: %w", err)
 	}
 	return nil

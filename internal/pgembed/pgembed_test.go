@@ -184,8 +184,8 @@ func TestPrivateClusterLifecycle(t *testing.T) {
 	}
 }
 
-// A cluster made directly in Dir (internal/pglocal's layout) is run in place, not
-// shadowed by a new empty one.
+// A cluster made directly in Dir (internal/pglocal's layout, with trust
+// authentication) is run in place, not shadowed by a new empty one.
 func TestClusterDirectlyInDirIsUsedInPlace(t *testing.T) {
 	needBinaries(t)
 	t.Parallel()
@@ -202,9 +202,7 @@ func TestClusterDirectlyInDirIsUsedInPlace(t *testing.T) {
 	if r.bins, err = findBinaries(ctx, "", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.initdb(ctx, dir); err != nil {
-		t.Fatal(err)
-	}
+	legacyInitdb(t, r, dir)
 	url, stop, err := Ensure(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -53,12 +53,27 @@ func newRunner(cfg Config) (*runner, error) {
 	return r, nil
 }
 
-// prepareDir creates cfg.Dir and, under root, hands it to the system user after
-// checking that user can reach it at all.
+// prepareDir creates cfg.Dir (mode 0700: it holds the password file) and, under
+// root, hands it to the system user after checking that user can reach it at all.
+// Dir must be a directory, not a symlink: under root a symlink would hand its
+// target to the postgres user.
 func (r *runner) prepareDir() error {
 	dir := r.cfg.Dir
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return fmt.Errorf("pgembed: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("pgembed: %w", err)
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("pgembed: %w", err)
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return fmt.Errorf("pgembed: %s is a symlink; the private cluster's directory must be a plain directory (give its target as the directory instead)", dir)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("pgembed: %s is not a directory", dir)
 	}
 	if r.as == nil {
 		return nil
@@ -68,8 +83,31 @@ func (r *runner) prepareDir() error {
 			"choose a --data-dir that user can reach (e.g. under /var/lib or /tmp), or run as a non-root user",
 			r.cfg.SystemUser, dir, err)
 	}
-	if err := os.Chown(dir, int(r.as.Uid), int(r.as.Gid)); err != nil {
+	// Lchown: should the name have been swapped for a symlink since the Lstat, the
+	// link itself changes owner, not its target.
+	if err := os.Lchown(dir, int(r.as.Uid), int(r.as.Gid)); err != nil {
 		return fmt.Errorf("pgembed: hand %s to %s: %w", dir, r.cfg.SystemUser, err)
+	}
+	return nil
+}
+
+// checkPgdata refuses, under root, a pgdata that is a symlink: root reads files
+// there (PG_VERSION, postmaster.pid), and the postgres user, who owns Dir, could
+// point it anywhere. As another user a symlinked pgdata (on another disk, say) is
+// that user's own business.
+func (r *runner) checkPgdata(pgdata string) error {
+	if r.as == nil {
+		return nil
+	}
+	fi, err := os.Lstat(pgdata)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pgembed: %w", err)
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return fmt.Errorf("pgembed: %s is a symlink; running as root, pgembed does not follow symlinks inside the postgres user's directory", pgdata)
 	}
 	return nil
 }
@@ -118,7 +156,7 @@ func reachable(dir string, cred *syscall.Credential) error {
 // cluster at once do not both run initdb. The lock is released by unlock or when
 // the process dies.
 func lockDir(path string) (unlock func(), err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	f, err := openPlain(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("pgembed: lock: %w", err)
 	}
@@ -175,14 +213,16 @@ func (r *runner) exec(ctx context.Context, what, prog string, args ...string) er
 	return nil
 }
 
-// initdb creates the cluster: the superuser is "postgres", every local
-// connection is trusted, and the locale is C so no installed locale is needed.
+// initdb creates the cluster: the superuser is "postgres" with the password in
+// the password file (ensurePassword wrote it), every connection needs that
+// password, and the locale is C so no installed locale is needed.
 func (r *runner) initdb(ctx context.Context, pgdata string) error {
 	r.cfg.Logger.Info("creating a new Postgres cluster (initdb; takes a few seconds)", "pgdata", pgdata, "version", r.bins.version)
 	err := r.exec(ctx, "initdb", r.bins.initdb(),
 		"--pgdata="+pgdata,
 		"--username="+Superuser,
-		"--auth=trust",
+		"--auth=scram-sha-256",
+		"--pwfile="+filepath.Join(r.cfg.Dir, passwordFile),
 		"--encoding=UTF8",
 		"--locale=C",
 	)
@@ -207,7 +247,7 @@ func (r *runner) running(ctx context.Context, pgdata string) (port int, ok bool,
 		return 0, false, fmt.Errorf("pgembed: pg_ctl status: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	// Line 4 of postmaster.pid is the port the running server listens on.
-	b, err := os.ReadFile(filepath.Join(pgdata, "postmaster.pid"))
+	b, err := readPlain(filepath.Join(pgdata, "postmaster.pid"), 4096)
 	if err != nil {
 		return 0, false, fmt.Errorf("pgembed: server runs but: %w", err)
 	}
@@ -228,8 +268,8 @@ func (r *runner) start(ctx context.Context, pgdata string, port int) error {
 	// The server's settings are given at each start rather than written into
 	// postgresql.conf, so they hold for any cluster this package starts:
 	//   -p N                          the port (it may change between starts)
-	//   listen_addresses=127.0.0.1    loopback only: trust authentication must not
-	//                                 be reachable from other machines
+	//   listen_addresses=127.0.0.1    loopback only: a development cluster is no
+	//                                 business of other machines
 	//   -k ''                         no Unix sockets: nothing to create under
 	//                                 /var/run/postgresql (which needs root), and no
 	//                                 107-byte limit on the socket path under a deep Dir
@@ -257,9 +297,10 @@ func (r *runner) stop(ctx context.Context, pgdata string) error {
 	return r.exec(ctx, "pg_ctl stop", r.bins.pgCtl(), "stop", "--pgdata="+pgdata, "--mode=fast", "--wait", "--timeout=60")
 }
 
-// tail returns the last n lines of a file, for error messages.
+// tail returns the last n lines of a file (of its first MiB: the log of a cluster
+// that failed to start is short), for error messages.
 func tail(path string, n int) string {
-	b, err := os.ReadFile(path)
+	b, err := readPlain(path, 1<<20)
 	if err != nil {
 		return "(" + err.Error() + ")"
 	}

@@ -88,6 +88,30 @@ func TestOpenUsesAnAnsweringDatabase(t *testing.T) {
 	if e.DatabaseURL != db.URL {
 		t.Errorf("DatabaseURL = %q, want the answering one", e.DatabaseURL)
 	}
+	// Enough connections for the worker's reservations (pgxpool's default is 4 on a
+	// two-core machine, and the worker refuses to start on it).
+	if got := e.Pool.Config().MaxConns; got != runenv.DefaultMaxConns {
+		t.Errorf("MaxConns = %d, want %d", got, runenv.DefaultMaxConns)
+	}
+}
+
+// A pool size in the URL is the user's choice.
+func TestOpenKeepsThePoolSizeOfTheURL(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	url := db.URL + "&pool_max_conns=5"
+	if !strings.Contains(db.URL, "?") {
+		url = db.URL + "?pool_max_conns=5"
+	}
+	e, err := runenv.Open(ctx, runenv.Config{DatabaseURL: url, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx) //nolint:errcheck
+	if got := e.Pool.Config().MaxConns; got != 5 {
+		t.Errorf("MaxConns = %d, want the URL's 5", got)
+	}
 }
 
 func TestRedact(t *testing.T) {

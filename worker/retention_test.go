@@ -1,0 +1,90 @@
+package worker_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/worker"
+)
+
+// Dead letters are kept for worker.DefaultDeadLetterRetention after they were
+// filed, replayed or not, and in any case until their consumer's inbox may have
+// forgotten the key: the evidence of a message that can no longer be replayed
+// safely must not vanish while a replay would still be allowed. The collector
+// deletes the rest in bounded batches.
+func TestCollectOnceDeletesExpiredDeadLetters(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	db := env.DB
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	insert := func(key, createdAgo, inboxExpires, replayed string, n int) {
+		t.Helper()
+		exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, created_at, inbox_expires_at, replayed_at)
+		      SELECT 'c', $1 || '-' || g, 'test.x', '\x00', 'test', now() - $2::interval, `+inboxExpires+`, `+replayed+`
+		      FROM generate_series(1, $3::int) g`, key, createdAgo, n)
+	}
+	retention := "720 hours" // DefaultDeadLetterRetention
+	if worker.DefaultDeadLetterRetention.Hours() != 720 {
+		t.Fatalf("DefaultDeadLetterRetention = %s; the test assumes 720h", worker.DefaultDeadLetterRetention)
+	}
+	// Past retention and past the inbox horizon: go, in several batches.
+	insert("old", retention+" 1 minute", `now() - interval '1 hour'`, `NULL`, 2100)
+	insert("old-replayed", retention+" 1 minute", `now() - interval '1 hour'`, `now()`, 3)
+	// Filed before schema v3, no horizon recorded: retention alone decides.
+	insert("old-pre-v3", retention+" 1 minute", `NULL`, `NULL`, 2)
+	// Past retention but the inbox may still remember the key: stays.
+	insert("old-inbox-live", retention+" 1 minute", `now() + interval '1 hour'`, `NULL`, 4)
+	// Within retention: stays, whatever its horizon.
+	insert("recent", "1 hour", `now() - interval '1 minute'`, `now()`, 5)
+	insert("recent-pre-v3", "1 hour", `NULL`, `NULL`, 1)
+
+	var mu sync.Mutex
+	var batches []int // rows per DELETE of idem_dead_letters
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream:    outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+		Retention: worker.RetentionConfig{BatchSize: 1000},
+		Observer: func(e idem.Event) {
+			if e.Component == idem.ComponentCollector && e.Name == "idem_dead_letters" && e.Outcome == worker.OutcomeDeleted {
+				mu.Lock()
+				batches = append(batches, e.Count)
+				mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := w.CollectOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2100+3+2 {
+		t.Errorf("deleted %d rows, want %d", n, 2100+3+2)
+	}
+	mu.Lock()
+	if !slices.Equal(batches, []int{1000, 1000, 105}) {
+		t.Errorf("dead letters deleted in batches of %v, want 1000, 1000, 105", batches)
+	}
+	mu.Unlock()
+	var kept string
+	if err := db.Pool.QueryRow(ctx, `SELECT string_agg(DISTINCT k, ',' ORDER BY k) FROM (SELECT regexp_replace(key, '-[0-9]+$', '') AS k FROM idem_dead_letters) AS t`).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	if kept != "old-inbox-live,recent,recent-pre-v3" {
+		t.Errorf("dead letters kept: %q, want old-inbox-live, recent and recent-pre-v3", kept)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_dead_letters`); got != 4+5+1 {
+		t.Errorf("dead letters left = %d, want 10", got)
+	}
+}
