@@ -4,7 +4,7 @@ GO ?= go
 # Packages whose tests run long multi-process scenarios get their own timeout.
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test vet fuzz bench chaos-soak
+.PHONY: run test vet fuzz bench chaos-soak rss
 
 ## run: the worker with an embedded JetStream server (Postgres from DATABASE_URL)
 run:
@@ -26,6 +26,10 @@ fuzz:
 ## chaos-soak: a long fault-injection run (see test/chaos/README.md)
 chaos-soak:
 	IDEM_CHAOS_INTENTS=20000 IDEM_CHAOS_DURATION=10m $(GO) test -count=1 -timeout 40m -v -run 'TestChaos$$' ./test/chaos/
+
+## rss: the worker's peak memory with 1 MiB request bodies (see BENCHMARKS.md)
+rss:
+	IDEM_RSS=1 $(GO) test -count=1 -timeout 30m -v -run TestPeakRSS ./test/rss/
 
 ## bench: the benchmark program with its baselines (see BENCHMARKS.md)
 bench:

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -23,6 +24,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/tcpproxy"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -537,5 +539,55 @@ func TestEnqueueOfAMessageTooLargeForTheBroker(t *testing.T) {
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {
 		t.Errorf("%d outbox rows for a message the broker cannot take", n)
+	}
+}
+
+// L4: /readyz names the dependency that is down and nothing else: a driver's error
+// would show the user, the host and the database to whoever can reach the port.
+func TestReadyzNamesTheDependencyNotItsError(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	u, err := url.Parse(env.DB.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := tcpproxy.New(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	u.Host = proxy.Addr()
+	pool, err := pgxpool.New(context.Background(), u.String()+"&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	cfg := ordersConfig(nil)
+	cfg.Schema = ""
+	w, err := worker.New(pool, env.NC, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop(context.Background()) //nolint:errcheck
+	readyz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		w.ReadyHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	if code, body := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz = %d %q", code, body)
+	}
+	proxy.Refuse()
+	code, body := readyz()
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "postgres: not answering") {
+		t.Fatalf("/readyz with Postgres gone = %d %q", code, body)
+	}
+	for _, secret := range []string{env.DB.Name, proxy.Addr(), "SQLSTATE", "dial", "connect"} {
+		if strings.Contains(body, secret) {
+			t.Errorf("/readyz shows %q: %q", secret, body)
+		}
 	}
 }

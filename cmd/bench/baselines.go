@@ -82,7 +82,7 @@ func runHandwrittenInbox(ctx context.Context, env *Env, cfg BaselineConfig) ([]R
 // (Consume) feeding cfg.Workers goroutines; each decodes the charge, runs handle and
 // acks. A message whose handler fails is naked for redelivery.
 func runBaseline(ctx context.Context, env *Env, name string, cfg BaselineConfig, handle handleFunc) ([]Result, error) {
-	intents := makeIntents(cfg.N)
+	intents := makeIntents(cfg.N, 0)
 	if err := prefill(ctx, env, name, intents); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}

@@ -32,6 +32,8 @@ const (
 type PipelineConfig struct {
 	Scenario string
 	N        int
+	// PayloadBytes sizes each message's payload (0: a small charge).
+	PayloadBytes int
 	// EnqueueBatch is how many intents one producer transaction writes.
 	EnqueueBatch int
 	// Producers is how many producer goroutines run (unthrottled when Rate is 0).
@@ -84,7 +86,7 @@ const dupGeneration = "copy"
 // runPipeline runs cfg.N intents through the pipeline in env.
 func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun, error) {
 	var out pipelineRun
-	intents := makeIntents(cfg.N)
+	intents := makeIntents(cfg.N, cfg.PayloadBytes)
 	index := indexByKey(intents)
 	messages := cfg.N
 	if cfg.Duplicate {

@@ -28,7 +28,7 @@ type ConsumerConfig struct {
 // runIdemConsumer drains a pre-filled stream with consumer.Consumer and
 // refapp.ChargeHandler: the timed phase runs from Run until the last ack.
 func runIdemConsumer(ctx context.Context, env *Env, cfg ConsumerConfig) ([]Result, error) {
-	intents := makeIntents(cfg.N)
+	intents := makeIntents(cfg.N, 0)
 	if err := prefill(ctx, env, scConsumer, intents); err != nil {
 		return nil, fmt.Errorf("%s: %w", scConsumer, err)
 	}
@@ -102,7 +102,7 @@ type RelayBenchConfig struct {
 // runRelay pre-inserts N outbox rows (Outbox.Enqueue, cfg.EnqueueBatch per
 // transaction) and times outbox.Relay publishing all of them.
 func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, error) {
-	intents := makeIntents(cfg.N)
+	intents := makeIntents(cfg.N, 0)
 	start := time.Now()
 	for lo := 0; lo < cfg.N; lo += cfg.EnqueueBatch {
 		hi := min(lo+cfg.EnqueueBatch, cfg.N)

@@ -72,6 +72,7 @@ type Options struct {
 	RateBatch    int     // intents per producer transaction in the latency phase
 	DupDrop      float64 // fraction of committed batches whose acks e2e-dup drops
 	DupAckWait   time.Duration
+	PayloadBytes int // e2e: each message's payload size (0: a small charge)
 
 	child string // set in a child process: the one scenario to run
 }
@@ -100,6 +101,7 @@ func parseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.Producers, "producers", 2, "e2e max-throughput phase: producer goroutines")
 	fs.IntVar(&o.Rate, "rate", 2000, "e2e latency phase: offered load in intents/s")
 	fs.IntVar(&o.RateBatch, "rate-batch", 100, "e2e latency phase: intents per producer transaction")
+	fs.IntVar(&o.PayloadBytes, "payload-bytes", 0, "e2e: pad each charge's payload to about this many bytes (0: small), to measure memory with large messages")
 	fs.Float64Var(&o.DupDrop, "dup-drop", 0.10, "e2e-dup: fraction of committed batches whose acks are dropped")
 	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", 2*time.Second, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
 	fs.StringVar(&o.child, "child", "", "internal: run one scenario and print its results as JSON on stdout")

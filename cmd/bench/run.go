@@ -155,7 +155,7 @@ func runScenario(ctx context.Context, opts Options, name string, log *slog.Logge
 	}
 	baseline := BaselineConfig{N: opts.N, Workers: opts.Workers, Timeout: opts.Timeout, Log: log}
 	pipeline := PipelineConfig{
-		N: opts.N, EnqueueBatch: opts.EnqueueBatch, RelayBatch: opts.RelayBatch,
+		N: opts.N, PayloadBytes: opts.PayloadBytes, EnqueueBatch: opts.EnqueueBatch, RelayBatch: opts.RelayBatch,
 		BatchSize: opts.BatchSize, Concurrency: opts.Concurrency, Timeout: opts.Timeout, Log: log,
 	}
 	e2e := E2EConfig{Pipeline: pipeline, MaxProducers: opts.Producers, Rate: opts.Rate, RateBatch: opts.RateBatch}

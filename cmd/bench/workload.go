@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -26,12 +27,17 @@ type Intent struct {
 	Payload []byte
 }
 
-// makeIntents mints n intents with fresh keys and small JSON charge payloads, the
-// body of POST /v1/payments.
-func makeIntents(n int) []Intent {
+// makeIntents mints n intents with fresh keys and JSON charge payloads, the body of
+// POST /v1/payments: small ones, or about payloadBytes each (the account name is
+// padded: the charge stays valid) to measure memory with large messages.
+func makeIntents(n, payloadBytes int) []Intent {
 	out := make([]Intent, n)
+	pad := ""
+	if overhead := len(`{"account":"acct_000_","amount_cents":1000}`); payloadBytes > overhead {
+		pad = "_" + strings.Repeat("p", payloadBytes-overhead)
+	}
 	for i := range out {
-		acct := "acct_" + strconv.Itoa(i%1000)
+		acct := "acct_" + strconv.Itoa(i%1000) + pad
 		amount := int64(100 + i%9000)
 		out[i] = Intent{
 			Key:     idem.NewKey().String(),

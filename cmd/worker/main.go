@@ -4,8 +4,9 @@
 //
 //	worker [flags]                              run the service
 //	worker migrate [--print] [flags]            apply the schema (or print its SQL) and exit
-//	worker dead-letters list [flags]            list dead letters
-//	worker dead-letters replay [flags] ID       put dead letter ID back on its way
+//	worker dead-letters list [filters]          list dead letters
+//	worker dead-letters replay ID|filters|--all [--dry-run]
+//	                                            put dead letters back on their way
 //	worker inspect [--scope S] [flags] KEY      one key's whole life
 //	worker stats [--json] [flags]               counts and lags
 //	worker healthcheck [flags]                  exit 0 if the worker at --http-addr is ready
@@ -132,9 +133,11 @@ const usage = `usage:
   worker inspect [--scope S] KEY       print everything known about one key
   worker stats [--json]                counts and lags (outbox backlog, inbox, dead letters)
   worker healthcheck [flags]           exit 0 if the worker at --http-addr is ready
-  worker dead-letters list [flags]     list dead letters (newest first)
-  worker dead-letters replay [flags] ID
-                                       put dead letter ID back on its way with its original key
+  worker dead-letters list [--consumer C] [--reason PREFIX] [--since T] [--json]
+                                       list dead letters (newest first)
+  worker dead-letters replay (ID | --consumer C --reason PREFIX --since T | --all) [--dry-run] [--force]
+                                       put dead letters back on their way with their keys, through
+                                       the outbox, to the consumer that filed each one
 
 flags:
 `

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/natstest"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/testenv"
@@ -228,5 +229,40 @@ func TestWarnsAboutTheDataDirOfAnEarlierVersion(t *testing.T) {
 	run([]string{"--database-url", dead, "--http-addr", freeAddr(t), "--data-dir", "idem-data"}, &out, &errb)
 	if strings.Contains(errb.String(), "earlier version") {
 		t.Errorf("warned although --data-dir was given:\n%s", errb.String())
+	}
+}
+
+// A worker that loses a part exits non-zero, so that a supervisor with
+// restart-on-failure restarts it (it used to exit 0). Here the charges consumer
+// cannot take over a durable consumer someone else created with another ack policy.
+func TestComponentFailureExitsNonZero(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	broker := natstest.Start(t)
+	nc, err := nats.Connect(broker.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if _, err := outbox.EnsureStream(ctx, js, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{Durable: refapp.ChargeConsumer, AckPolicy: jetstream.AckNonePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run([]string{"--database-url", db.URL, "--nats-url", broker.URL(), "--data-dir", t.TempDir(), "--http-addr", freeAddr(t)}, &out, &errb)
+	}()
+	select {
+	case code := <-done:
+		if code == 0 || !strings.Contains(errb.String(), "consumer charges") {
+			t.Fatalf("exit %d, stderr:\n%s\nwant non-zero naming the failed consumer", code, errb.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("the worker kept running without its charges consumer")
 	}
 }
