@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/smtptest"
 )
 
@@ -34,6 +35,9 @@ func TestChaos(t *testing.T) {
 	}
 	if f.folded == 0 {
 		t.Errorf("chaos: duplicates_folded=0 although %.0f%% of the intents dropped their first response: is the folding not logged any more?", cfg.dropShare*100)
+	}
+	for _, p := range f.missingFaults(cfg) {
+		t.Errorf("chaos: %s", p)
 	}
 }
 
@@ -55,6 +59,9 @@ func TestChaosNegativeControl(t *testing.T) {
 	if f.lost > 0 {
 		t.Errorf("chaos: negative control lost %d intents: switching the claim off must double effects, never lose them", f.lost)
 	}
+	for _, p := range f.missingFaults(cfg) {
+		t.Errorf("chaos: %s", p)
+	}
 }
 
 // config is one run's size and schedule.
@@ -70,15 +77,34 @@ type config struct {
 	dropShare    float64       // share of intents sent with --drop-response
 	emailShare   float64       // share of intents that are emails (the rest are charges)
 	copies       int           // re-published copies of intents (must be folded)
+	burst        int           // charges published straight to the stream around the marked messages
+	outages      int           // Postgres outages of 15-20s during the load
+	oversize     int           // presses with a body the broker could never carry (must get 413)
+	rawOversize  int           // outbox rows over max_payload written around Enqueue (must become relay dead letters)
 	settle       time.Duration // deadline for the run to come to rest after the load
-	soak         bool
-	negative     bool
+	// panicDeadLetter: the run waits for the panicking message's dead letter. Its
+	// ten attempts are spaced by the consumer's default backoff (1s doubling to
+	// 1m: about four minutes in all), longer than the whole short run, which
+	// therefore checks that it is still being retried, charged, and never took
+	// effect; a soak waits for the dead letter.
+	panicDeadLetter bool
+	soak            bool
+	negative        bool
 }
+
+// ackWait is the consumers' AckWait (worker --ack-wait): short, so that a batch
+// held by a killed worker, and the message that kills its worker every time, come
+// back quickly. The worker checks at start that the inbox lifetime (72h) still
+// outlasts the redelivery horizon it implies.
+const ackWait = 3 * time.Second
+
+// outageMin and outageMax bound a Postgres outage.
+const outageMin, outageMax = 15 * time.Second, 20 * time.Second
 
 // loadConfig reads the environment: IDEM_CHAOS_SEED replays a schedule;
 // IDEM_CHAOS_INTENTS and IDEM_CHAOS_DURATION turn the run into a soak;
-// IDEM_CHAOS_LANES, IDEM_CHAOS_FAULTS and IDEM_CHAOS_SETTLE (the deadline for the
-// run to come to rest) tune it; IDEM_CHAOS_LOGDIR keeps the processes' logs. It
+// IDEM_CHAOS_LANES, IDEM_CHAOS_FAULTS, IDEM_CHAOS_OUTAGES (Postgres outages) and
+// IDEM_CHAOS_SETTLE (the deadline for the run to come to rest) tune it; IDEM_CHAOS_LOGDIR keeps the processes' logs. It
 // skips under -short.
 func loadConfig(t *testing.T) config {
 	if testing.Short() {
@@ -87,7 +113,8 @@ func loadConfig(t *testing.T) config {
 	if buildErr != nil {
 		t.Fatal(buildErr)
 	}
-	c := config{intents: 300, duration: 20 * time.Second, lanes: 6, armPerSlot: 1, maxK: 40, dropShare: 0.2, emailShare: 0.25}
+	c := config{intents: 300, duration: shortDuration, lanes: 6, armPerSlot: 1, maxK: 40, dropShare: 0.2, emailShare: 0.25,
+		outages: 1, oversize: 3, rawOversize: 2}
 	envInt := func(name string, dst *int) {
 		if v := os.Getenv(name); v != "" {
 			n, err := strconv.Atoi(v)
@@ -110,8 +137,19 @@ func loadConfig(t *testing.T) config {
 	}
 	if c.soak {
 		c.lanes, c.armPerSlot, c.maxK = 8, -1, 100
+		c.outages = max(1, int(c.duration/(5*time.Minute)))
+		c.oversize = max(3, int(c.duration/time.Minute)*2)
+		c.rawOversize = 3
+		c.panicDeadLetter = true
 	}
 	envInt("IDEM_CHAOS_LANES", &c.lanes)
+	if v := os.Getenv("IDEM_CHAOS_OUTAGES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			t.Fatalf("chaos: IDEM_CHAOS_OUTAGES=%q: want a count, 0 or more", v)
+		}
+		c.outages = n
+	}
 	c.randomFaults = max(int(numFaultKinds)+2, int(c.duration/(4*time.Second)))
 	envInt("IDEM_CHAOS_FAULTS", &c.randomFaults)
 	if v := os.Getenv("IDEM_CHAOS_SEED"); v != "" {
@@ -124,9 +162,8 @@ func loadConfig(t *testing.T) config {
 		c.seed = uint64(time.Now().UnixNano())
 	}
 	c.copies = max(10, c.intents/50)
-	// The consumer's AckWait is 30s: a batch taken by a worker that died is
-	// redelivered only then. The deadline leaves room for a few of those in a row.
-	c.settle = 2*time.Minute + c.duration/4
+	c.burst = max(40, c.intents/100)
+	c.settle = c.settleDeadline()
 	if v := os.Getenv("IDEM_CHAOS_SETTLE"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
@@ -137,14 +174,42 @@ func loadConfig(t *testing.T) config {
 	return c
 }
 
+// shortDuration is the load phase of the short run: long enough for an outage of
+// 15-20s to fall in its middle with load on either side.
+const shortDuration = 30 * time.Second
+
 // shortSized is c at the size of the default run, with c's seed.
 func (c config) shortSized() config {
-	c.intents, c.duration, c.lanes, c.armPerSlot, c.maxK = 300, 20*time.Second, 6, 1, 40
+	c.intents, c.duration, c.lanes, c.armPerSlot, c.maxK = 300, shortDuration, 6, 1, 40
 	c.randomFaults = int(numFaultKinds) + 2
-	c.copies = 10
-	c.settle = 2*time.Minute + c.duration/4
-	c.soak = false
+	c.copies, c.burst = 10, 40
+	c.outages, c.oversize, c.rawOversize = 1, 3, 2
+	c.soak, c.panicDeadLetter = false, false
+	c.settle = c.settleDeadline()
 	return c
+}
+
+// settleDeadline is how long the run may take to come to rest after the load: room
+// for a few redeliveries after the ack wait, an email lease (30s) left by a killed
+// worker and, when the run waits for it, the whole backoff of the panicking message
+// (injected early in the load) with an outage on top.
+func (c config) settleDeadline() time.Duration {
+	d := 2*time.Minute + c.duration/4
+	if c.panicDeadLetter {
+		d = max(d, panicHorizon()+2*time.Minute+time.Duration(c.outages)*outageMax-c.duration*3/4)
+	}
+	return d
+}
+
+// panicHorizon is how long a message whose handler always fails takes to be
+// dead-lettered from its first delivery: the consumer's default backoff after
+// each of its MaxDeliver-1 failed attempts, and an ack wait each.
+func panicHorizon() time.Duration {
+	var d time.Duration
+	for n := 1; n < consumer.DefaultMaxDeliver; n++ {
+		d += consumer.DefaultBackoff(n) + ackWait
+	}
+	return d
 }
 
 // run is one chaos run: its processes, its database, its schedule and its counts.
@@ -155,21 +220,24 @@ type run struct {
 	start time.Time
 	rng   *rand.Rand // the seed's stream; every goroutine gets a child of its own
 	procs *procs
-	db    *pgtest.DB
+	pg    *privatePG // the run's own Postgres cluster
+	db    *chaosDB   // the run's database in it
 	nats  *natsServer
 	nc    *nats.Conn // the checker's own connection (poison, copies, consumer info)
 	js    jetstream.JetStream
 	smtp  *smtptest.Server // the mail sink the email consumers send to
 
-	workers []*worker
-	lanes   []*lane
-	plan    map[string]press // by account, one per press
-	events  []event          // the random-moment faults
-	faults  faultCounts
+	workers  []*worker
+	lanes    []*lane
+	oversize *lane            // the presses whose body the broker could never carry
+	plan     map[string]press // by account, one per press
+	events   []event          // the random-moment faults and the outages
+	faults   faultCounts
 
-	// Set by injectPoison, read after it finished.
+	// Set by the injections, read after they finished.
 	poison []poison
 	copied map[string]bool // keys of intents whose message was published again
+	direct []directCharge  // charges published straight to the stream
 }
 
 // logf logs with the time since the run started.
@@ -205,7 +273,6 @@ func runChaos(t *testing.T, cfg config) figures {
 	}
 	r.procs = newProcs(t, logDir)
 	r.logf("logs in %s", logDir)
-	r.db = pgtest.New(t)
 
 	// ctx lives as long as the run; load ends with the load phase (no more faults,
 	// restarted workers come up unarmed).
@@ -223,12 +290,20 @@ func runChaos(t *testing.T, cfg config) figures {
 	for _, err := range r.driveLoad(ctx, load, endLoad) {
 		t.Errorf("chaos: %v", err)
 	}
-	lines, errs := r.finishJournals(ctx)
+	lines, big, errs := r.finishJournals(ctx)
 	for _, err := range errs {
 		t.Errorf("chaos: %v", err)
 	}
 	j := newJournal(lines)
-	r.logf("journals finished: %d intents (%d charges, %d emails) from %d presses", len(j.lines), len(j.charges), len(j.emails), cfg.intents)
+	j.oversize = big
+	for _, d := range r.direct {
+		j.direct = append(j.direct, d.key)
+	}
+	// The charges published straight to the stream are intents too: each must
+	// take effect exactly once.
+	j.charges = append(j.charges, j.direct...)
+	r.logf("journals finished: %d intents (%d charges, %d emails) from %d presses; %d oversize presses; %d charges published straight to the stream",
+		len(j.lines), len(j.charges)-len(j.direct), len(j.emails), cfg.intents, len(j.oversize), len(j.direct))
 
 	settleStart := time.Now()
 	if err := r.settle(ctx, j); err != nil {
@@ -242,8 +317,15 @@ func runChaos(t *testing.T, cfg config) figures {
 		t.Fatalf("chaos: check: %v", err)
 	}
 	r.logf("faults by kind: %v", f.faultsByKind)
-	r.logf("duplicates folded: %d ingress replays + %d inbox folds (%d copies were published) + %d mail re-sends with the same Message-ID (%d raw mails for %d emails); dead letters: %d (%d poison published)",
-		f.replays, f.folds, len(r.copied), f.resends, f.smtpDeliveries, f.emails, f.deadLetters, len(r.poison))
+	r.logf("duplicates folded: %d ingress replays + %d inbox folds (%d copies were published) + %d mail re-sends with the same Message-ID (%d raw mails for %d emails); dead letters: %d (%d poison injected) %v",
+		f.replays, f.folds, len(r.copied), f.resends, f.smtpDeliveries, f.emails, f.deadLetters, len(r.poison), f.deadByConsumer)
+	for _, s := range f.marked {
+		r.logf("marked: %s", s)
+	}
+	r.logf("oversize: %d presses rejected with 413 and without effect; %d raw outbox rows over max_payload dead-lettered by the relay", f.rejected, f.rawDead)
+	if f.relayCharged > 0 {
+		r.logf("relay: %d rows were published only after failed publishes charged to them (at most %d publishes)", f.relayCharged, f.relayMostTries)
+	}
 	if f.doubled > 0 {
 		r.logf("doubled intents by cause: %v", f.doubledBy)
 	}
@@ -253,13 +335,29 @@ func runChaos(t *testing.T, cfg config) figures {
 	return f
 }
 
-// startWorld starts nats-server, the checker's connection and the supervised
-// workers, and waits until every worker is ready.
+// startWorld starts the run's Postgres, nats-server, the checker's connection and
+// the supervised workers, and waits until every worker is ready.
 func (r *run) startWorld(ctx, load context.Context) error {
-	ports, err := freePorts(1 + len(topology())) // all at once, so no two of ours collide
+	ports, err := freePorts(2 + len(topology())) // all at once, so no two of ours collide
 	if err != nil {
 		return err
 	}
+	pgStart := time.Now()
+	r.pg, r.db, err = startPG(ctx, r.procs, filepath.Join(r.dir, "postgres"), ports[len(ports)-1])
+	if r.pg != nil {
+		// Runs after the supervisors have stopped the workers (cleanups run
+		// last-registered first).
+		r.t.Cleanup(func() {
+			if err := r.pg.shutdown(context.Background()); err != nil {
+				r.t.Logf("chaos: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		return err
+	}
+	r.t.Cleanup(r.db.Pool.Close)
+	r.logf("private Postgres ready in %s (port %d)", time.Since(pgStart).Round(100*time.Millisecond), ports[len(ports)-1])
 	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0]); err != nil {
 		return err
 	}
@@ -307,6 +405,9 @@ func (r *run) startWorld(ctx, load context.Context) error {
 		return err
 	}
 	r.logf("nats-server and %d workers ready", len(r.workers))
+	if line := r.procs.firstLine("worker-w1", "key lifetimes checked"); line != "" {
+		r.logf("w1 at start: %s", line)
+	}
 	return nil
 }
 
@@ -334,19 +435,35 @@ func (r *run) planLoad() error {
 		}
 		r.lanes = append(r.lanes, l)
 	}
+	big, err := newLane(r, r.cfg.lanes, nil, r.child())
+	if err != nil {
+		return err
+	}
+	r.oversize = big
 	r.events = planFaults(r.child(), r.cfg.randomFaults, r.cfg.duration, len(r.workers), len(r.lanes))
+	r.events = append(r.events, planOutages(r.child(), r.cfg.outages, r.cfg.duration)...)
+	slices.SortFunc(r.events, func(a, b event) int { return int(a.at - b.at) })
 	for _, e := range r.events {
 		r.logf("schedule: %s", e)
 	}
 	return nil
 }
 
-// driveLoad runs the lanes, the fault schedule and the poison injection side by
-// side, and returns when the lanes have made every press.
+// driveLoad runs the lanes, the oversize presses, the fault schedule and the poison
+// injections side by side, and returns when the lanes have made every press.
 func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
-	poisonRNG := r.child()
+	poisonRNG, markedRNG := r.child(), r.child()
 	poisonAt := r.cfg.duration/4 + time.Duration(r.rng.Int64N(int64(r.cfg.duration/2)))
-	r.logf("schedule: @%s poison and copies", poisonAt.Round(time.Millisecond))
+	// The marked messages go early: the one that kills its worker needs ten ack
+	// waits to use up its attempts, the panicking one ten backoffs.
+	markedAt := r.cfg.duration/20 + time.Duration(r.rng.Int64N(int64(r.cfg.duration/20)))
+	bigAt := make([]time.Duration, r.cfg.oversize)
+	for i := range bigAt {
+		bigAt[i] = r.cfg.duration * time.Duration(2*i+1) / time.Duration(2*len(bigAt))
+	}
+	r.logf("schedule: @%s marked messages (Idem-Fault: panic, kill) in a burst of %d charges", markedAt.Round(time.Millisecond), r.cfg.burst)
+	r.logf("schedule: @%s poison, copies and %d raw oversize outbox rows", poisonAt.Round(time.Millisecond), r.cfg.rawOversize)
+	r.logf("schedule: oversize presses (%d bytes) at %v", oversizeBodyBytes, bigAt)
 
 	var errs errList
 	start := time.Now()
@@ -355,16 +472,40 @@ func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
 		lanes.Add(1)
 		go func() { defer lanes.Done(); errs.add(l.runLoad(ctx, start)) }()
 	}
-	others.Add(2)
-	go func() { defer others.Done(); errs.add(r.inject(load, start, r.events)) }()
-	go func() {
+	lanes.Add(1)
+	go func() { defer lanes.Done(); errs.add(r.oversize.runOversize(ctx, start, bigAt)) }()
+	var mu sync.Mutex
+	r.copied = map[string]bool{}
+	injected := func(ps []poison, copied map[string]bool, err error) {
+		errs.add(err)
+		mu.Lock()
+		defer mu.Unlock()
+		r.poison = append(r.poison, ps...)
+		for k := range copied {
+			r.copied[k] = true
+		}
+	}
+	injectedDirect := func(ps []poison, direct []directCharge, err error) {
+		injected(ps, nil, err)
+		mu.Lock()
+		defer mu.Unlock()
+		r.direct = append(r.direct, direct...)
+		for _, d := range direct {
+			r.plan[d.account] = press{account: d.account, cents: d.cents}
+		}
+	}
+	at := func(d time.Duration, fn func()) {
 		defer others.Done()
 		select {
-		case <-time.After(time.Until(start.Add(poisonAt))):
-			errs.add(r.injectPoison(ctx, poisonRNG))
+		case <-time.After(time.Until(start.Add(d))):
+			fn()
 		case <-ctx.Done():
 		}
-	}()
+	}
+	others.Add(3)
+	go func() { defer others.Done(); errs.add(r.inject(ctx, load, start, r.events)) }()
+	go at(poisonAt, func() { injected(r.injectPoison(ctx, poisonRNG)) })
+	go at(markedAt, func() { injectedDirect(r.injectMarked(ctx, markedRNG)) })
 	lanes.Wait()
 	endLoad()
 	others.Wait()
@@ -373,8 +514,8 @@ func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
 }
 
 // finishJournals has every lane resume until its journal is done, then lists it
-// through the client.
-func (r *run) finishJournals(ctx context.Context) ([]intentLine, []error) {
+// through the client; the oversize presses' journal comes back apart.
+func (r *run) finishJournals(ctx context.Context) ([]intentLine, []intentLine, []error) {
 	fctx, cancel := context.WithTimeout(ctx, r.cfg.settle)
 	defer cancel()
 	var (
@@ -395,8 +536,17 @@ func (r *run) finishJournals(ctx context.Context) ([]intentLine, []error) {
 			mu.Unlock()
 		}()
 	}
+	var big []intentLine
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		errs.add(r.oversize.finishOversize(fctx))
+		var err error
+		big, err = r.oversize.list(ctx)
+		errs.add(err)
+	}()
 	wg.Wait()
-	return journal, errs.list()
+	return journal, big, errs.list()
 }
 
 // errList collects errors from goroutines.

@@ -10,13 +10,14 @@ import (
 	"github.com/idemkit/idem/refapp"
 )
 
-// figures are what one run measured. The first seven are the figures line.
+// figures are what one run measured. The first eight are the figures line.
 type figures struct {
 	intents     int // intents in the clients' journals (a press killed before its journal write is no intent)
-	faults      int // faults that really happened: fault points fired + injected kills, restarts, terminations
+	faults      int // faults that really happened: fault points fired + injected kills, restarts, terminations, outages, marked messages acted on
 	effects     int // ledger_entries rows + distinct Message-IDs the mail sink accepted
 	folded      int // duplicates_folded: repeats folded instead of taking effect again (see README)
 	deadLetters int // idem_dead_letters rows
+	rejected    int // oversize presses answered 413, journaled as rejected, and without any trace in the database
 	lost        int // intents with no effect
 	doubled     int // intents with more than one effect
 
@@ -25,7 +26,15 @@ type figures struct {
 	wrongPayload   []string // effects that are not what their intent asked for
 	poisonMissing  []string // injected poison that is not a dead letter
 	poisonExtra    []string // dead letters that are no injected poison
-	charges        int      // intents by kind
+	poisonWrong    []string // dead letters of injected poison filed by the wrong consumer or for the wrong reason
+	notRetrying    []string // the panicking message, left retrying by a short run, not in the state it must be in
+	oversizeWrong  []string // oversize presses not rejected with 413, or with a trace in the database
+	marked         []string // what became of each marked message, for the log
+	rawDead        int      // raw oversize outbox rows dead-lettered by the relay
+	relayCharged   int      // published outbox rows the relay had charged failed publishes first (diagnostic)
+	relayMostTries int      // the most publishes one of those took
+	deadByConsumer map[string]int
+	charges        int // intents by kind
 	emails         int
 	faultsByKind   map[string]int
 	replays        int            // HTTP repeats answered from idem_requests
@@ -36,8 +45,8 @@ type figures struct {
 }
 
 func (f figures) String() string {
-	return fmt.Sprintf("chaos: intents=%d faults=%d effects=%d duplicates_folded=%d dead_letters=%d lost=%d doubled=%d",
-		f.intents, f.faults, f.effects, f.folded, f.deadLetters, f.lost, f.doubled)
+	return fmt.Sprintf("chaos: intents=%d faults=%d effects=%d duplicates_folded=%d dead_letters=%d rejected=%d lost=%d doubled=%d",
+		f.intents, f.faults, f.effects, f.folded, f.deadLetters, f.rejected, f.lost, f.doubled)
 }
 
 // problems lists every way the run broke the guarantee.
@@ -59,14 +68,35 @@ func (f figures) problems() []string {
 	add("effects with the wrong payload", f.wrongPayload)
 	add("poison messages not dead-lettered", f.poisonMissing)
 	add("dead letters that are no injected poison", f.poisonExtra)
+	add("dead letters with the wrong consumer or reason", f.poisonWrong)
+	add("retrying messages not as they must be", f.notRetrying)
+	add("oversize presses not refused cleanly", f.oversizeWrong)
+	return ps
+}
+
+// missingFaults lists the faults the run was to inject and did not: a run that
+// passes without them proves less than it claims.
+func (f figures) missingFaults(cfg config) []string {
+	var ps []string
+	if n := f.faultsByKind["outage-pg"]; n < cfg.outages {
+		ps = append(ps, fmt.Sprintf("%d of %d Postgres outages happened", n, cfg.outages))
+	}
+	if f.faultsByKind["marked-kill"] == 0 {
+		ps = append(ps, "the message marked Idem-Fault: kill never killed a worker")
+	}
+	if f.faultsByKind["marked-panic"] == 0 {
+		ps = append(ps, "the message marked Idem-Fault: panic never made its handler panic")
+	}
 	return ps
 }
 
 // journal is every intent the clients made, split by kind.
 type journal struct {
-	lines   []intentLine
-	charges []string // keys
-	emails  []string
+	lines    []intentLine
+	charges  []string // keys
+	emails   []string
+	oversize []intentLine // the oversize presses' journal: each must be rejected with 413
+	direct   []string     // keys of the charges published straight to the stream (also in charges)
 }
 
 // newJournal sorts the lines by kind (known from the response the client journaled).
@@ -125,7 +155,7 @@ func (r *run) settle(ctx context.Context, j journal) error {
 	return r.waitFor(ctx, r.cfg.settle, "the run to settle", func() (bool, string, error) {
 		var unpublished, charged, chargesInbox, emailsInbox, dead int
 		err := r.db.Pool.QueryRow(ctx, `
-SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
+SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL),
        (SELECT count(DISTINCT idempotency_key) FROM ledger_entries WHERE idempotency_key = ANY($1)),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'charges'),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'emails' AND status = 'done'),
@@ -141,7 +171,7 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
 		}
 		var missing []string
 		if unpublished > 0 {
-			missing = append(missing, fmt.Sprintf("%d outbox rows unpublished", unpublished))
+			missing = append(missing, fmt.Sprintf("%d outbox rows neither published nor dead-lettered", unpublished))
 		}
 		if charged < len(j.charges) {
 			missing = append(missing, fmt.Sprintf("%d of %d charges without a ledger row", len(j.charges)-charged, len(j.charges)))
@@ -158,8 +188,31 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
 		if want := r.expectedDeadLetters(); dead < want {
 			missing = append(missing, fmt.Sprintf("%d of %d dead letters", dead, want))
 		}
-		for _, name := range []string{"charges", "emails"} {
-			if m := r.consumerBusy(ctx, name); m != "" {
+		// A message still retrying (the panicking one in a short run) stays
+		// unacknowledged: it may be the charge consumer's one unacked message,
+		// once it has been charged a few failed attempts.
+		retrying := 0
+		for _, p := range r.poison {
+			if !p.retrying {
+				continue
+			}
+			st, err := r.retryState(ctx, p)
+			if err != nil {
+				return false, "", err
+			}
+			if st.deadLetters > 0 {
+				continue
+			}
+			retrying++
+			if st.attempts < minRetryAttempts {
+				missing = append(missing, fmt.Sprintf("message %q charged %d of %d failed attempts", p.why, st.attempts, minRetryAttempts))
+			}
+		}
+		for _, c := range []struct {
+			name         string
+			mayBeUnacked int
+		}{{refapp.ChargeConsumer, retrying}, {refapp.EmailConsumer, 0}} {
+			if m := r.consumerBusy(ctx, c.name, c.mayBeUnacked); m != "" {
 				missing = append(missing, m)
 			}
 		}
@@ -167,8 +220,37 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL),
 	})
 }
 
-// consumerBusy says what the durable consumer name still has in flight, or "".
-func (r *run) consumerBusy(ctx context.Context, name string) string {
+// minRetryAttempts is how many failed attempts a message still retrying at the end
+// of a run must have been charged: enough to show it is retried alone, with its
+// backoff, and counted.
+const minRetryAttempts = 3
+
+// retryState is what the database says of a message that may still be retrying.
+type retryState struct {
+	attempts    int    // idem_attempts for the charge consumer and its key
+	lastError   string // the failure recorded last
+	deadLetters int    // its dead letters
+	effects     int    // ledger rows and inbox rows of its key (must stay 0)
+}
+
+func (r *run) retryState(ctx context.Context, p poison) (retryState, error) {
+	var st retryState
+	err := r.db.Pool.QueryRow(ctx, `
+SELECT COALESCE((SELECT attempts FROM idem_attempts WHERE consumer = $1 AND key = $2), 0),
+       COALESCE((SELECT last_error FROM idem_attempts WHERE consumer = $1 AND key = $2), ''),
+       (SELECT count(*) FROM idem_dead_letters WHERE consumer = $1 AND key = $2),
+       (SELECT count(*) FROM ledger_entries WHERE idempotency_key = $2) + (SELECT count(*) FROM idem_inbox WHERE key = $2)`,
+		p.consumer, p.key).Scan(&st.attempts, &st.lastError, &st.deadLetters, &st.effects)
+	if err != nil {
+		return st, fmt.Errorf("read the attempts of %q: %w", p.why, err)
+	}
+	return st, nil
+}
+
+// consumerBusy says what the durable consumer name still has in flight beyond
+// mayBeUnacked unacknowledged messages, or "". A message is unacknowledged from its
+// delivery to its ack or terminate, through its redeliveries and back-offs.
+func (r *run) consumerBusy(ctx context.Context, name string, mayBeUnacked int) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	c, err := r.js.Consumer(ctx, refapp.StreamName, name)
@@ -179,28 +261,31 @@ func (r *run) consumerBusy(ctx context.Context, name string) string {
 	if err != nil {
 		return fmt.Sprintf("consumer %s: %v", name, err)
 	}
-	if info.NumPending > 0 || info.NumAckPending > 0 {
+	if info.NumPending > 0 || info.NumAckPending > mayBeUnacked {
 		return fmt.Sprintf("consumer %s has %d pending, %d unacknowledged (a redelivery waits out AckWait)", name, info.NumPending, info.NumAckPending)
 	}
 	return ""
 }
 
-// expectedDeadLetters is how many dead letters a settled run has: every poison
-// message, except in the negative control the charge mismatch, which runs as an
-// effect there.
+// expectedDeadLetters is how many dead letters a settled run has at least: every
+// poison message, except one still retrying and, in the negative control, the
+// charge mismatch, which runs as an effect there.
 func (r *run) expectedDeadLetters() int {
-	if r.cfg.negative {
-		return len(r.poison) - 1
+	n := 0
+	for _, p := range r.poison {
+		if !p.retrying && !(r.cfg.negative && p.mismatch) {
+			n++
+		}
 	}
-	return len(r.poison)
+	return n
 }
 
 // check reads the database, the mail sink and the logs and computes the figures. It
 // reads everything itself: nothing the workers report about themselves is trusted
 // for lost or doubled.
 func (r *run) check(ctx context.Context, j journal) (figures, error) {
-	f := figures{intents: len(j.lines), charges: len(j.charges), emails: len(j.emails),
-		faultsByKind: map[string]int{}, doubledBy: map[string]int{}}
+	f := figures{intents: len(j.lines) + len(j.direct), charges: len(j.charges), emails: len(j.emails),
+		faultsByKind: map[string]int{}, doubledBy: map[string]int{}, deadByConsumer: map[string]int{}}
 	for _, il := range j.lines {
 		if il.Status != "done" || il.kind() == "" {
 			f.notDone = append(f.notDone, fmt.Sprintf("%s (%s after %d attempts, response %s)", il.Key, il.Status, il.Attempts, il.Response))
@@ -212,6 +297,27 @@ func (r *run) check(ctx context.Context, j journal) (figures, error) {
 	r.checkEmails(j, &f)
 	if err := r.checkDeadLetters(ctx, &f); err != nil {
 		return f, err
+	}
+	if err := r.checkOversize(ctx, j, &f); err != nil {
+		return f, err
+	}
+	// What the marked messages did to their batch-mates: a charge of their burst
+	// that was charged a redelivered attempt had a worker die under it (the one the
+	// kill-marked message took down, or a fault's). checkCharges has already
+	// counted whether each took effect exactly once.
+	var redelivered int
+	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_attempts WHERE consumer = $1 AND key = ANY($2)`,
+		refapp.ChargeConsumer, j.direct).Scan(&redelivered); err != nil {
+		return f, fmt.Errorf("read the burst's attempts: %w", err)
+	}
+	f.marked = append(f.marked, fmt.Sprintf("their burst: %d charges, %d of them redelivered after a worker died under them", len(j.direct), redelivered))
+	// A diagnostic, not a verdict: rows the relay charged a failed publish before
+	// it got one through. A publish is charged only when the broker answers (one
+	// that fails while the broker is down costs nothing), so these are failures
+	// the relay blamed on the row.
+	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*), COALESCE(max(attempts), 0) FROM idem_outbox WHERE published_at IS NOT NULL AND attempts > 1`).
+		Scan(&f.relayCharged, &f.relayMostTries); err != nil {
+		return f, fmt.Errorf("read the outbox's attempts: %w", err)
 	}
 	return f, r.countFromLogs(&f)
 }
@@ -323,14 +429,21 @@ func (r *run) checkEmails(j journal, f *figures) {
 }
 
 // checkDeadLetters compares the dead letters with the injected poison, as multisets
-// of (key, payload).
+// of (key, payload), and checks that each was filed by the consumer (or the relay)
+// and for the reason its kind of poison must give. A message left retrying must be
+// in the state checkRetrying describes.
 func (r *run) checkDeadLetters(ctx context.Context, f *figures) error {
-	expected := map[string]int{}
-	names := map[string]string{}
+	type want struct {
+		p       poison
+		matched bool
+	}
+	byID := map[string][]*want{}
+	var all []*want
 	for _, p := range r.poison {
+		w := &want{p: p}
 		id := p.key + "\x00" + string(p.payload)
-		expected[id]++
-		names[id] = p.why
+		byID[id] = append(byID[id], w)
+		all = append(all, w)
 	}
 	rows, err := r.db.Pool.Query(ctx, `SELECT consumer, key, payload, reason FROM idem_dead_letters ORDER BY id`)
 	if err != nil {
@@ -344,23 +457,125 @@ func (r *run) checkDeadLetters(ctx context.Context, f *figures) error {
 			return fmt.Errorf("read dead letters: %w", err)
 		}
 		f.deadLetters++
-		id := key + "\x00" + string(payload)
-		if expected[id] > 0 {
-			expected[id]--
+		f.deadByConsumer[consumer]++
+		var w *want
+		for _, c := range byID[key+"\x00"+string(payload)] {
+			if !c.matched {
+				w = c
+				break
+			}
+		}
+		if w == nil {
+			f.poisonExtra = append(f.poisonExtra, fmt.Sprintf("%s: key %q payload %q: %s", consumer, key, abbreviateBytes(payload, 120), reason))
 			continue
 		}
-		f.poisonExtra = append(f.poisonExtra, fmt.Sprintf("%s: key %q payload %q: %s", consumer, key, payload, reason))
+		w.matched = true
+		if !w.p.filedAs(consumer, reason) {
+			f.poisonWrong = append(f.poisonWrong, fmt.Sprintf("%s: filed by %s for %q; want %s for %q", w.p.why, consumer, reason, w.p.consumer, strings.Join(w.p.reason, `" and "`)))
+		}
+		if w.p.raw {
+			f.rawDead++
+		}
+		if w.p.mark != "" {
+			f.marked = append(f.marked, fmt.Sprintf("Idem-Fault: %s: dead letter of %s: %s", w.p.mark, consumer, reason))
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read dead letters: %w", err)
 	}
-	for id, n := range expected {
-		for range n {
-			f.poisonMissing = append(f.poisonMissing, names[id])
+	for _, w := range all {
+		switch {
+		case w.matched:
+		case w.p.retrying:
+			if err := r.checkRetrying(ctx, w.p, f); err != nil {
+				return err
+			}
+		default:
+			f.poisonMissing = append(f.poisonMissing, w.p.why)
 		}
 	}
 	sort.Strings(f.poisonMissing)
 	return nil
+}
+
+// filedAs reports whether a dead letter filed by consumer for reason is the one p
+// must become.
+func (p poison) filedAs(consumer, reason string) bool {
+	if p.consumer != "" && consumer != p.consumer {
+		return false
+	}
+	for _, s := range p.reason {
+		if !strings.Contains(reason, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// checkRetrying: a message the run ended before it could use up its attempts (the
+// panicking one in a short run) has been charged at least minRetryAttempts failed
+// attempts in Postgres, the last one failed by the handler's panic, and it has no
+// effect and no inbox row.
+func (r *run) checkRetrying(ctx context.Context, p poison, f *figures) error {
+	st, err := r.retryState(ctx, p)
+	if err != nil {
+		return err
+	}
+	f.marked = append(f.marked, fmt.Sprintf("Idem-Fault: %s: still retrying (the run ends before its backoff does): %d attempts charged, last error %q",
+		p.mark, st.attempts, st.lastError))
+	switch {
+	case st.attempts < minRetryAttempts:
+		f.notRetrying = append(f.notRetrying, fmt.Sprintf("%s: %d attempts charged, want at least %d", p.why, st.attempts, minRetryAttempts))
+	case !strings.Contains(st.lastError, "panicked"):
+		f.notRetrying = append(f.notRetrying, fmt.Sprintf("%s: last error %q, want the handler's panic", p.why, st.lastError))
+	}
+	if st.effects > 0 {
+		f.notRetrying = append(f.notRetrying, fmt.Sprintf("%s: %d ledger or inbox rows", p.why, st.effects))
+	}
+	return nil
+}
+
+// checkOversize: every oversize press is in its journal as rejected with 413, and
+// left nothing in the database: no stored request but the 413, no payment, no
+// outbox row, no inbox row, no ledger row, no dead letter.
+func (r *run) checkOversize(ctx context.Context, j journal, f *figures) error {
+	if len(j.oversize) != r.cfg.oversize {
+		f.oversizeWrong = append(f.oversizeWrong, fmt.Sprintf("%d oversize presses in their journal, %d were made", len(j.oversize), r.cfg.oversize))
+	}
+	var keys []string
+	for _, il := range j.oversize {
+		keys = append(keys, il.Key)
+		if il.Status != "rejected" || il.HTTPStatus != 413 {
+			f.oversizeWrong = append(f.oversizeWrong, fmt.Sprintf("%s: %s with HTTP %d after %d attempts, want rejected with 413 (response %s)",
+				il.Key, il.Status, il.HTTPStatus, il.Attempts, abbreviateBytes(il.Response, 200)))
+			continue
+		}
+		f.rejected++
+	}
+	var requests, payments, outboxRows, inbox, ledger, dead int
+	err := r.db.Pool.QueryRow(ctx, `
+SELECT (SELECT count(*) FROM idem_requests WHERE key = ANY($1) AND response_code IS DISTINCT FROM 413),
+       (SELECT count(*) FROM payments WHERE idempotency_key = ANY($1)),
+       (SELECT count(*) FROM idem_outbox WHERE key = ANY($1)),
+       (SELECT count(*) FROM idem_inbox WHERE key = ANY($1)),
+       (SELECT count(*) FROM ledger_entries WHERE idempotency_key = ANY($1)),
+       (SELECT count(*) FROM idem_dead_letters WHERE key = ANY($1))`, keys).Scan(&requests, &payments, &outboxRows, &inbox, &ledger, &dead)
+	if err != nil {
+		return fmt.Errorf("read the oversize presses' traces: %w", err)
+	}
+	if n := requests + payments + outboxRows + inbox + ledger + dead; n > 0 {
+		f.oversizeWrong = append(f.oversizeWrong, fmt.Sprintf("traces of oversize presses: %d stored requests other than 413, %d payments, %d outbox rows, %d inbox rows, %d ledger rows, %d dead letters",
+			requests, payments, outboxRows, inbox, ledger, dead))
+		f.rejected = 0
+	}
+	return nil
+}
+
+func abbreviateBytes(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return fmt.Sprintf("%s... (%d bytes)", b[:n], len(b))
 }
 
 // faultPoints are the deterministic fault points the suite arms.
@@ -374,7 +589,10 @@ func faultPoints() []string {
 // debug level, plus the mail re-sends counted by checkEmails.
 func (r *run) countFromLogs(f *figures) error {
 	const replayed, folded = `msg="middleware: replayed"`, `msg="duplicate folded"`
-	needles := []string{replayed, folded}
+	// What the marked messages did: the worker says so before it kills itself; the
+	// consumer logs each panic it recovered.
+	const markedKill, markedPanic = "faults: consumer.marked-messages: a marked message kills its worker", `msg="handler panicked"`
+	needles := []string{replayed, folded, markedKill, markedPanic}
 	for _, p := range faultPoints() {
 		needles = append(needles, "faults: "+p+" fired")
 	}
@@ -389,6 +607,9 @@ func (r *run) countFromLogs(f *figures) error {
 	f.faultsByKind["restart-nats"] = int(r.faults.natsRestarts.Load())
 	f.faultsByKind["terminate-pg"] = int(r.faults.pgTerminations.Load())
 	f.faultsByKind["sigkill-client"] = int(r.faults.clientKills.Load())
+	f.faultsByKind["outage-pg"] = int(r.faults.pgOutages.Load())
+	f.faultsByKind["marked-kill"] = counts[markedKill]
+	f.faultsByKind["marked-panic"] = counts[markedPanic]
 	for _, n := range f.faultsByKind {
 		f.faults += n
 	}

@@ -92,6 +92,14 @@ func (ps *procs) openLog(name string) (*os.File, error) {
 	return f, nil
 }
 
+// addLog registers a log file some other program writes (the private Postgres
+// server's), so that a failed run prints its tail too.
+func (ps *procs) addLog(path string) {
+	ps.mu.Lock()
+	ps.logs = append(ps.logs, path)
+	ps.mu.Unlock()
+}
+
 // start runs bin with args. stderr goes to log, stdout to stdout (or log when nil);
 // env is added to a scrubbed copy of ours.
 func (ps *procs) start(name string, log, stdout *os.File, env []string, bin string, args ...string) (*proc, error) {
@@ -213,4 +221,19 @@ func (ps *procs) countInLogs(prefix string, needles ...string) (map[string]int, 
 		}
 	}
 	return counts, nil
+}
+
+// firstLine returns the first line containing needle in the log file name.log, or
+// "".
+func (ps *procs) firstLine(name, needle string) string {
+	b, err := os.ReadFile(filepath.Join(ps.dir, name+".log"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, needle) {
+			return line
+		}
+	}
+	return ""
 }

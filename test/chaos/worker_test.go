@@ -49,6 +49,15 @@ type worker struct {
 	cur         *proc
 	incarnation int
 	armed       int // incarnations started with a fault point
+
+	// Used by the supervisor goroutine only: the fault point the running
+	// incarnation was armed with ("point=kill@K", or ""), how often the slot's log
+	// said it fired before that incarnation started, and a point to arm again
+	// because its incarnation died (killed by the schedule or by a marked
+	// message) before reaching it.
+	armedWith   string
+	firedBefore int
+	carry       string
 }
 
 func newWorker(r *run, spec workerSpec, port int, rng *rand.Rand) (*worker, error) {
@@ -79,11 +88,27 @@ func (w *worker) url() string { return "http://" + w.httpAddr }
 // publishes or requests); once the load is over, restarts come up unarmed so the run
 // can settle. The negative control keeps its consumers without the inbox claim in
 // every incarnation.
+//
+// Every incarnation of a consumer worker has consumer.marked-messages on, during the
+// load and after it: a marked message is a valid charge, and a worker without the
+// switch would let it take effect. An incarnation that died before its fault point
+// fired hands the point on to the next one, while the load runs, so that the
+// marked message's restart loop and the schedule's kills do not swallow the
+// deterministic faults.
 func (w *worker) nextFaults(loadRunning bool) string {
 	var spec []string
 	if w.r.cfg.negative && w.consumes() {
 		spec = append(spec, "consumer.skip-inbox-claim=on")
 	}
+	if w.consumes() {
+		spec = append(spec, "consumer.marked-messages=on")
+	}
+	w.armedWith = ""
+	if loadRunning && w.carry != "" {
+		w.armedWith, w.carry = w.carry, ""
+		return strings.Join(append(spec, w.armedWith), ",")
+	}
+	w.carry = ""
 	arm := loadRunning && (w.r.cfg.armPerSlot < 0 || w.armed < w.r.cfg.armPerSlot)
 	if arm && w.armed > 0 {
 		arm = w.rng.IntN(2) == 0 // after the first, re-arm one restart in two
@@ -98,10 +123,22 @@ func (w *worker) nextFaults(loadRunning bool) string {
 			maxK = max(3, int(float64(maxK)*w.r.cfg.emailShare))
 		}
 		k := 2 + w.rng.IntN(maxK-1)
-		spec = append(spec, fmt.Sprintf("%s=kill@%d", point, k))
+		w.armedWith = fmt.Sprintf("%s=kill@%d", point, k)
+		spec = append(spec, w.armedWith)
 		w.armed++
 	}
 	return strings.Join(spec, ",")
+}
+
+// fired counts the lines of the slot's log saying the fault point of spec
+// ("point=kill@K") fired.
+func (w *worker) fired(spec string) int {
+	point, _, _ := strings.Cut(spec, "=")
+	b, err := os.ReadFile(w.log.Name())
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "faults: "+point+" fired")
 }
 
 // supervise runs incarnations until ctx ends; load is done when the load phase is
@@ -109,9 +146,13 @@ func (w *worker) nextFaults(loadRunning bool) string {
 func (w *worker) supervise(ctx, load context.Context) {
 	for ctx.Err() == nil {
 		faults := w.nextFaults(load.Err() == nil)
+		if w.armedWith != "" {
+			w.firedBefore = w.fired(w.armedWith)
+		}
 		p, err := w.start(faults)
 		if err != nil {
 			w.r.logf("worker %s: %v", w.spec.name, err)
+			w.carry = w.armedWith
 		} else {
 			select {
 			case <-p.done:
@@ -122,6 +163,9 @@ func (w *worker) supervise(ctx, load context.Context) {
 			}
 			if ctx.Err() != nil {
 				return
+			}
+			if w.armedWith != "" && w.fired(w.armedWith) == w.firedBefore {
+				w.carry = w.armedWith
 			}
 			w.r.logf("worker %s #%d (%s) %s; restarting", w.spec.name, w.incarnation, orNone(faults), p.outcome())
 		}
@@ -150,6 +194,7 @@ func (w *worker) start(faults string) (*proc, error) {
 		"--smtp-addr", w.r.smtp.Addr(), // the email consumer runs where consumers do
 		"--log-level", "debug", // duplicates folded and replays are logged at debug
 		"--shutdown-timeout", "5s",
+		"--ack-wait", ackWait.String(),
 	)
 	if err != nil {
 		return nil, err
