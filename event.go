@@ -4,10 +4,11 @@ import "time"
 
 // Components named in Event.Component.
 const (
-	ComponentIngress   = "ingress"
-	ComponentRelay     = "relay"
-	ComponentConsumer  = "consumer"
-	ComponentCollector = "collector"
+	ComponentIngress    = "ingress"
+	ComponentRelay      = "relay"
+	ComponentConsumer   = "consumer"
+	ComponentCollector  = "collector"
+	ComponentReconciler = "reconciler"
 )
 
 // Event is one thing a component did: a request answered, a relay batch published, a

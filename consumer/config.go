@@ -97,6 +97,10 @@ type Config struct {
 	// own queue holds at most this much (default 16 MiB; raised to the broker's
 	// max_payload if smaller, or a single message could never be fetched).
 	MaxBufferedBytes int64
+	// CheckInterval is how often the consumer checks that its durable consumer
+	// still exists, and recreates it if an operator (or a lost stream) deleted it
+	// (default 5s).
+	CheckInterval time.Duration
 	// MaxBatchBytes bounds the bytes of one batch (default 4 MiB; a single bigger
 	// message is still taken alone). With MaxBufferedBytes it bounds the memory a
 	// consumer holds by bytes, not only by message counts:
@@ -132,7 +136,7 @@ func (c Config) validate() error {
 		return fmt.Errorf("consumer %s: set exactly one of Handler, BatchHandler and External", c.Name)
 	case c.BatchSize < 0, c.Concurrency < 0, c.MaxDeliver < 0, c.MaxAckPending < 0, c.MaxBufferedBytes < 0, c.MaxBatchBytes < 0:
 		return fmt.Errorf("consumer %s: sizes must not be negative", c.Name)
-	case c.AckWait < 0, c.Linger < 0, c.KeyLifetime < 0, c.LeaseFor < 0:
+	case c.AckWait < 0, c.Linger < 0, c.KeyLifetime < 0, c.LeaseFor < 0, c.CheckInterval < 0:
 		return fmt.Errorf("consumer %s: durations must not be negative", c.Name)
 	case c.External != nil && c.BatchSize > 1:
 		return fmt.Errorf("consumer %s: an External handler performs one effect at a time; BatchSize must be 0 or 1", c.Name)
@@ -185,6 +189,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if c.CheckInterval == 0 {
+		c.CheckInterval = 5 * time.Second
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -2,9 +2,12 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // Outcomes reported to Config.Observer (Event.Outcome).
@@ -57,6 +61,8 @@ type Consumer struct {
 	// stopping is closed when Run's context ends: work held while the database is
 	// down is handed back then.
 	stopping <-chan struct{}
+	// health is what keeps the consumer from receiving messages, or nil.
+	health atomic.Pointer[error]
 }
 
 // New returns a consumer. It does not touch the broker until Run.
@@ -110,9 +116,17 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // but not started are handed straight back to the broker.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
-	jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
+	// Stopped while starting (registering, creating the durable consumer): a
+	// stop, not a failure.
+	if err := c.register(ctx); err != nil {
+		return nil
+	}
+	jc, err := c.createDurable(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
 	if err != nil {
-		return fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
+		return err
 	}
 	// The queue holds about what the workers can start soon: BatchSize per worker,
 	// and no more bytes than MaxBufferedBytes; the pulls ask for no more bytes
@@ -122,16 +136,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		maxBuffered = mp // a smaller pull could never fetch the biggest message
 	}
 	q := newQueue(c.cfg.BatchSize*c.cfg.Concurrency, maxBuffered)
-	cc, err := jc.Consume(func(m jetstream.Msg) {
-		if !q.push(ctx, m) {
-			_ = m.Nak() // shutting down: hand it straight back for another worker
-		}
-	}, jetstream.PullMaxBytes(int(maxBuffered)),
-		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-			c.log.WarnContext(ctx, "consumer: pull error", "err", err)
-		}))
-	if err != nil {
-		return fmt.Errorf("consumer %s: consume: %w", c.cfg.Name, err)
+	f := &fetcher{c: c, q: q, maxBytes: int(maxBuffered)}
+	if err := f.start(ctx, jc); err != nil {
+		return err
 	}
 	c.log.InfoContext(ctx, "consumer started", "stream", c.cfg.Stream, "external", c.cfg.External != nil,
 		"batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
@@ -161,8 +168,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	<-ctx.Done()
-	cc.Stop()
+	f.watch(ctx) // until ctx ends: keeps the durable consumer alive
+	f.stop()
 	wg.Wait()
 	stopBeat()
 	// Messages queued but never started go back to the broker now rather than
@@ -172,6 +179,194 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	c.log.InfoContext(ctx, "consumer stopped")
 	return nil
+}
+
+// createDurable creates or updates the durable consumer. While the stream does not
+// exist (it was deleted, and the worker's stream keeper has not recreated it yet)
+// it waits, with Health saying so; any other refusal (a filter outside the
+// stream's subjects, say) is an error. It returns nil, nil when ctx ends first.
+func (c *Consumer) createDurable(ctx context.Context) (jetstream.Consumer, error) {
+	for {
+		jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
+		if err == nil {
+			c.setHealth(nil)
+			return jc, nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
+		}
+		c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.cfg.Stream))
+		c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.cfg.Stream)
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-time.After(c.cfg.CheckInterval):
+		}
+	}
+}
+
+// Health says why the consumer cannot receive messages right now (its durable
+// consumer or its stream is missing, and recreating it failed), or nil. The worker's
+// readiness reports it.
+func (c *Consumer) Health() error {
+	if p := c.health.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+func (c *Consumer) setHealth(err error) {
+	if err == nil {
+		c.health.Store(nil)
+		return
+	}
+	c.health.Store(&err)
+}
+
+// register records the consumer in idem_consumers: which stream and subjects it
+// reads and how long it remembers keys. The reconciler proves an intent complete
+// only when every registered consumer whose filter matches has settled it, so a
+// consumer must be registered before it takes a message; while the database is down
+// it waits. It fails only when ctx ends first.
+func (c *Consumer) register(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		err := reconcile.Register(ctx, c.pool, c.cfg.Schema, reconcile.Consumer{
+			Name: c.cfg.Name, Stream: c.cfg.Stream, FilterSubject: c.cfg.Subject, KeyLifetime: c.cfg.KeyLifetime})
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.log.WarnContext(ctx, "consumer: cannot register yet; retrying", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// fetcher is the consumer's pull subscription, and what keeps it alive: a durable
+// consumer deleted by an operator (or lost with its stream) makes nats.go stop the
+// subscription, and a consumer that did not notice would sit idle forever while
+// looking healthy.
+type fetcher struct {
+	c        *Consumer
+	q        *queue
+	maxBytes int
+
+	mu sync.Mutex
+	jc jetstream.Consumer
+	cc jetstream.ConsumeContext
+	// subscribed is false once the subscription stopped (nats.go saw the durable
+	// consumer deleted, or a recreation failed): watch must start it again even
+	// if the durable consumer is back by then, recreated by another worker.
+	subscribed bool
+	deleted    chan struct{} // signalled when nats.go reports the consumer deleted
+}
+
+func (f *fetcher) start(ctx context.Context, jc jetstream.Consumer) error {
+	deleted := make(chan struct{}, 1)
+	cc, err := jc.Consume(func(m jetstream.Msg) {
+		if !f.q.push(ctx, m) {
+			_ = m.Nak() // shutting down: hand it straight back for another worker
+		}
+	}, jetstream.PullMaxBytes(f.maxBytes),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				// nats.go stops the subscription on a deleted consumer.
+				f.mu.Lock()
+				f.subscribed = false
+				f.mu.Unlock()
+				select {
+				case deleted <- struct{}{}:
+				default:
+				}
+			}
+			f.c.log.WarnContext(ctx, "consumer: pull error", "err", err)
+		}))
+	if err != nil {
+		return fmt.Errorf("consumer %s: consume: %w", f.c.cfg.Name, err)
+	}
+	f.mu.Lock()
+	f.jc, f.cc, f.deleted, f.subscribed = jc, cc, deleted, true
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *fetcher) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cc != nil {
+		f.cc.Stop()
+	}
+	f.subscribed = false
+}
+
+// watch checks the durable consumer every CheckInterval (at once when nats.go
+// reports it deleted) until ctx ends, and recreates it — and the subscription —
+// when either is gone. While it cannot (its stream is gone too), Health says so;
+// the worker recreates streams. It also refreshes the registration.
+func (f *fetcher) watch(ctx context.Context) {
+	c := f.c
+	t := time.NewTicker(c.cfg.CheckInterval)
+	defer t.Stop()
+	lastSeen := time.Now()
+	for {
+		f.mu.Lock()
+		jc, deleted := f.jc, f.deleted
+		f.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-deleted:
+		}
+		_, err := jc.Info(ctx)
+		f.mu.Lock()
+		subscribed := f.subscribed
+		f.mu.Unlock()
+		switch {
+		case err == nil && subscribed:
+			c.setHealth(nil)
+		case err == nil, errors.Is(err, jetstream.ErrConsumerNotFound), errors.Is(err, jetstream.ErrStreamNotFound):
+			// The durable consumer is missing, or back (another worker recreated
+			// it) while this subscription is stopped.
+			f.recreate(ctx)
+		case ctx.Err() == nil:
+			c.log.WarnContext(ctx, "consumer: cannot check the durable consumer", "err", err)
+		}
+		if time.Since(lastSeen) > time.Minute {
+			if err := reconcile.Seen(ctx, c.pool, c.cfg.Schema, c.cfg.Name); err == nil {
+				lastSeen = time.Now()
+			}
+		}
+	}
+}
+
+// recreate creates (or finds) the durable consumer again and restarts the
+// subscription on it. On failure the subscription stays stopped, Health says why,
+// and the next check tries again.
+func (f *fetcher) recreate(ctx context.Context) {
+	c := f.c
+	f.stop()
+	jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
+	if err != nil {
+		if ctx.Err() == nil {
+			c.setHealth(fmt.Errorf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated: %w", c.cfg.Name, c.cfg.Stream, err))
+			c.log.ErrorContext(ctx, "consumer: durable consumer missing; recreating it failed", "stream", c.cfg.Stream, "err", err)
+		}
+		return
+	}
+	if err := f.start(ctx, jc); err != nil {
+		c.setHealth(err)
+		return
+	}
+	c.setHealth(nil)
+	c.log.WarnContext(ctx, "consumer: subscription was stopped (its durable consumer went missing); resumed it on the durable consumer (it delivers again all the stream holds, which the inbox folds; what the stream lost, the reconciler re-drives)", "stream", c.cfg.Stream)
 }
 
 // process takes fetched messages from delivery to settlement: decode (poison is

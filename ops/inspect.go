@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // KeyReport is everything the database knows about one key.
@@ -67,6 +69,69 @@ type OutboxRow struct {
 	Attempts    int               `json:"attempts"`
 	LastError   *string           `json:"last_error"`
 	ExpiresAt   *time.Time        `json:"expires_at"`
+	// Stream and StreamSeq are where the stream acknowledged it (its PubAck).
+	Stream    *string `json:"stream"`
+	StreamSeq *int64  `json:"stream_seq"`
+	// Generation counts the re-drives: the reconciler published it again because
+	// the stream lost it.
+	Generation int `json:"generation"`
+	// CompletedAt is when the reconciler proved every consumer that reads it
+	// settled it; AlertedAt when it gave up on it, past every horizon.
+	CompletedAt    *time.Time `json:"completed_at"`
+	AlertedAt      *time.Time `json:"alerted_at"`
+	DeadLetteredAt *time.Time `json:"dead_lettered_at"`
+	// Deliveries says, for each registered consumer that should settle it, whether
+	// it has.
+	Deliveries []Delivery `json:"deliveries"`
+}
+
+// Delivery states.
+const (
+	DeliveryConsumed     = "consumed"      // an inbox row that is done
+	DeliveryInProgress   = "in progress"   // an external effect under way (a lease)
+	DeliveryDeadLettered = "dead-lettered" // a dead letter of that consumer
+	DeliveryNotYet       = "not yet"
+)
+
+// Delivery is whether one consumer has settled an outbox message.
+type Delivery struct {
+	Consumer string `json:"consumer"`
+	State    string `json:"state"`
+}
+
+// Summary is the message's life in one line: "pending", "published; consumed by
+// charges; not yet by emails", "complete", ...
+func (o OutboxRow) Summary() string {
+	switch {
+	case o.DeadLetteredAt != nil:
+		return "never published: dead-lettered by the relay"
+	case o.PublishedAt == nil && o.Generation > 0:
+		return fmt.Sprintf("re-driven (the stream lost it; generation %d), waiting to be published again", o.Generation)
+	case o.PublishedAt == nil:
+		return "pending, not yet published"
+	case o.AlertedAt != nil:
+		return "published, never settled by every consumer: given up on past its horizon and dead-lettered"
+	}
+	parts := []string{"published"}
+	if len(o.Deliveries) == 0 {
+		parts = append(parts, "no registered consumer reads "+o.Subject)
+	}
+	byState := map[string][]string{}
+	for _, d := range o.Deliveries {
+		byState[d.State] = append(byState[d.State], d.Consumer)
+	}
+	for _, st := range []string{DeliveryConsumed, DeliveryDeadLettered, DeliveryInProgress, DeliveryNotYet} {
+		if names := byState[st]; len(names) > 0 {
+			parts = append(parts, st+" by "+strings.Join(names, ", "))
+		}
+	}
+	if o.CompletedAt != nil {
+		parts = append(parts, "complete")
+	}
+	if o.Generation > 0 {
+		parts = append(parts, fmt.Sprintf("re-driven %d×", o.Generation))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // InboxRow is one consumer's claim of the key in idem_inbox.
@@ -126,6 +191,15 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 		if rep.DeadLetters, err = queryAll(ctx, tx, "dead letters", r.q.deadLetters, scanDeadLetter, scoped); err != nil {
 			return err
 		}
+		if len(rep.Outbox) > 0 {
+			consumers, err := reconcile.Registered(ctx, tx, r.cfg.Schema)
+			if err != nil {
+				return fmt.Errorf("ops: inspect: %w", err)
+			}
+			for i := range rep.Outbox {
+				rep.Outbox[i].Deliveries = deliveries(&rep.Outbox[i], consumers, rep.Inbox, rep.DeadLetters)
+			}
+		}
 		if r.cfg.Effects != nil {
 			if rep.Effects, err = r.cfg.Effects(ctx, tx, scope, key); err != nil {
 				return fmt.Errorf("ops: application effects: %w", err)
@@ -146,6 +220,45 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 	return rep, nil
 }
 
+// deliveries says, for each consumer that should settle m, whether it has.
+func deliveries(m *OutboxRow, consumers []reconcile.Consumer, inbox []InboxRow, dead []DeadLetter) []Delivery {
+	stream := ""
+	if m.Stream != nil {
+		stream = *m.Stream
+	}
+	expected := reconcile.Expected(consumers, stream, m.Subject, m.Headers[idem.HeaderReplayFor])
+	if stream == "" {
+		// Not published yet (or before schema v4): whoever reads the subject.
+		expected = nil
+		for _, c := range consumers {
+			if idem.SubjectMatches(c.FilterSubject, m.Subject) && (m.Headers[idem.HeaderReplayFor] == "" || c.Name == m.Headers[idem.HeaderReplayFor]) {
+				expected = append(expected, c)
+			}
+		}
+	}
+	out := []Delivery{}
+	for _, c := range expected {
+		d := Delivery{Consumer: c.Name, State: DeliveryNotYet}
+		for _, in := range inbox {
+			if in.Consumer == c.Name {
+				d.State = DeliveryConsumed
+				if in.Status != "done" {
+					d.State = DeliveryInProgress
+				}
+			}
+		}
+		if d.State != DeliveryConsumed {
+			for _, dl := range dead {
+				if dl.Consumer == c.Name {
+					d.State = DeliveryDeadLettered
+				}
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
 func scanRequest(row pgx.CollectableRow) (Request, error) {
 	var q Request
 	err := row.Scan(&q.Method, &q.Path, &q.Status, &q.ResponseCode, &q.ResponseBody, &q.Fingerprint,
@@ -157,7 +270,7 @@ func scanOutbox(row pgx.CollectableRow) (OutboxRow, error) {
 	var o OutboxRow
 	var headers []byte
 	err := row.Scan(&o.ID, &o.Subject, &o.MsgID, &headers, &o.Payload, &o.CreatedAt, &o.PublishedAt,
-		&o.Attempts, &o.LastError, &o.ExpiresAt)
+		&o.Attempts, &o.LastError, &o.ExpiresAt, &o.Stream, &o.StreamSeq, &o.Generation, &o.CompletedAt, &o.AlertedAt, &o.DeadLetteredAt)
 	if err == nil && len(headers) > 0 {
 		err = json.Unmarshal(headers, &o.Headers)
 	}

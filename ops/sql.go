@@ -19,7 +19,8 @@ FROM idem_requests
 WHERE scope = $1 AND key = $2`
 
 	sqlInspectOutbox = `
-SELECT id, subject, msg_id, headers, payload, created_at, published_at, attempts, last_error, expires_at
+SELECT id, subject, msg_id, headers, payload, created_at, published_at, attempts, last_error, expires_at,
+       stream, stream_seq, generation, completed_at, alerted_at, dead_lettered_at
 FROM idem_outbox
 WHERE key = $1
 ORDER BY id`

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/reconcile"
 )
 
 // CountsFunc reads an application's totals (payments, orders, ledger entries),
@@ -22,11 +24,17 @@ type Count struct {
 // optionally the stream.
 type Stats struct {
 	// AsOf is the database's clock when the snapshot was taken.
-	AsOf        time.Time       `json:"as_of"`
-	Requests    RequestStats    `json:"requests"`
-	Outbox      OutboxStats     `json:"outbox"`
-	Inbox       []InboxCount    `json:"inbox"`
-	DeadLetters DeadLetterStats `json:"dead_letters"`
+	AsOf     time.Time    `json:"as_of"`
+	Requests RequestStats `json:"requests"`
+	Outbox   OutboxStats  `json:"outbox"`
+	// Delivery is the reconciler's view: intents published but not yet settled
+	// by every consumer that reads them, re-driven, given up on.
+	Delivery reconcile.Status `json:"delivery"`
+	// Consumers are the consumers registered in idem_consumers: those whose
+	// settlement proves an intent delivered.
+	Consumers   []reconcile.Consumer `json:"consumers"`
+	Inbox       []InboxCount         `json:"inbox"`
+	DeadLetters DeadLetterStats      `json:"dead_letters"`
 	// Counts are the application's totals, read by Config.Counts (empty without it).
 	Counts []Count `json:"counts"`
 	// JetStream is left nil by Stats; set it from ReadJetStream to report both.
@@ -93,6 +101,12 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 		if b.OldestCreatedAt != nil {
 			// Backlog measures from now(), the snapshot's AsOf; never negative.
 			s.Outbox.OldestPendingAgeSeconds = max(b.OldestAge, 0).Seconds()
+		}
+		if s.Delivery, err = reconcile.ReadStatus(ctx, tx, r.cfg.Schema); err != nil {
+			return fmt.Errorf("ops: stats: %w", err)
+		}
+		if s.Consumers, err = reconcile.Registered(ctx, tx, r.cfg.Schema); err != nil {
+			return fmt.Errorf("ops: stats: %w", err)
 		}
 		if s.Inbox, err = queryAll(ctx, tx, "inbox stats", r.q.inboxStats, pgx.RowToStructByPos[InboxCount]); err != nil {
 			return err

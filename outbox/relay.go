@@ -66,8 +66,13 @@ type RelayConfig struct {
 	// (default 8 MiB; a single bigger row is still taken alone).
 	MaxBatchBytes int64
 	// Retention is how long a published row is kept (its expires_at) before the
-	// collector may delete it (default 72h).
+	// collector may delete it (default 72h), unless AwaitProof.
 	Retention time.Duration
+	// AwaitProof keeps published rows without an expiry: the reconciler (package
+	// reconcile) sets one once it has proven the intent reached every consumer, so a
+	// row is never deleted by age alone. The worker sets it when it runs a
+	// reconciler.
+	AwaitProof bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Observer, when set, is told each batch's outcome (for metrics): events with
@@ -226,19 +231,27 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 		return 0, false, err
 	}
 
+	epoch := r.connEpoch()
 	ok, failed := r.publish(ctx, batch)
+	// A connection that was down, or dropped and came back, while the batch was
+	// out explains every failure of the batch: none is charged.
+	dropped := !epoch.connected || r.connEpoch() != epoch
 	if err := faults.From(ctx).Hit(ctx, faults.RelayAfterPublish, keysOf(batch)); err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: after publish: %w", err)
 	}
-	retry, dead, down := r.judge(ctx, batch, len(ok), failed)
+	retry, dead, down := r.judge(ctx, batch, len(ok.ids), failed, dropped)
 	if down && len(dead.ids) == 0 {
 		// The broker is down: count nothing, leave the rows as they are (the
 		// rollback releases them) and tell the caller to wait.
 		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomeFailed, Count: len(failed), Duration: time.Since(start)})
 		return 0, false, fmt.Errorf("%w: %d rows wait: %v", ErrBrokerDown, len(failed), firstErr(failed))
 	}
-	if len(ok) > 0 {
-		if _, err := tx.Exec(ctx, r.q.markPublished, ok, r.cfg.Retention); err != nil {
+	if len(ok.ids) > 0 {
+		retention := r.cfg.Retention
+		if r.cfg.AwaitProof {
+			retention = 0 // kept until the reconciler proves the intent complete
+		}
+		if _, err := tx.Exec(ctx, r.q.markPublished, ok.ids, ok.streams, ok.seqs, retention); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: mark published: %w", err)
 		}
 	}
@@ -256,18 +269,25 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 		return 0, false, fmt.Errorf("outbox: relay: commit: %w", err)
 	}
 	elapsed := time.Since(start)
-	for outcome, n := range map[string]int{OutcomePublished: len(ok), OutcomeFailed: len(retry.ids), OutcomeDeadLettered: len(dead.ids)} {
+	for outcome, n := range map[string]int{OutcomePublished: len(ok.ids), OutcomeFailed: len(retry.ids), OutcomeDeadLettered: len(dead.ids)} {
 		if n > 0 {
 			r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: outcome, Count: n, Duration: elapsed})
 		}
 	}
 	if len(retry.ids) > 0 {
-		r.log.WarnContext(ctx, "relay: some publishes failed; they are retried after a backoff", "failed", len(retry.ids), "published", len(ok), "err", retry.reasons[0])
+		r.log.WarnContext(ctx, "relay: some publishes failed; they are retried after a backoff", "failed", len(retry.ids), "published", len(ok.ids), "err", retry.reasons[0])
 	}
 	if len(dead.ids) > 0 {
 		r.log.ErrorContext(ctx, "relay: rows that cannot be published were dead-lettered", "rows", len(dead.ids), "reason", dead.reasons[0])
 	}
-	return len(ok), full, nil
+	return len(ok.ids), full, nil
+}
+
+// acked are the rows the stream acknowledged, with where each landed.
+type acked struct {
+	ids     []int64
+	streams []string
+	seqs    []int64
 }
 
 // claim locks up to BatchSize claimable rows, then keeps those that fit in
@@ -331,7 +351,7 @@ func (s *settlement) add(id int64, reason string, wait time.Duration) {
 // once; a row that failed while the broker answers is charged an attempt and steps
 // aside (dead-lettered once it used up MaxAttempts); failures while the broker does
 // not answer are nobody's fault and charge nothing (down is then true).
-func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, failed map[int64]error) (retry, dead settlement, down bool) {
+func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, failed map[int64]error, dropped bool) (retry, dead settlement, down bool) {
 	if len(failed) == 0 {
 		return retry, dead, false
 	}
@@ -347,8 +367,10 @@ func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, fai
 		switch {
 		case permanent(err):
 			dead.add(o.id, reason+" (the broker can never take this message)", 0)
-		case !up:
-			// Leave it: not its fault.
+		case !up, dropped, connectionLost(err):
+			// Leave it: not its fault. A publish that failed because the connection
+			// dropped is the broker's fault even if the client has reconnected by
+			// the time the broker is asked.
 		case o.attempts+1 >= r.cfg.MaxAttempts:
 			dead.add(o.id, fmt.Sprintf("%s (failed %d publishes, MaxAttempts is %d)", reason, o.attempts+1, r.cfg.MaxAttempts), 0)
 		default:
@@ -363,6 +385,24 @@ func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, fai
 func permanent(err error) bool {
 	var bad errBadRow
 	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) || errors.As(err, &bad)
+}
+
+// epoch is the state of the relay's NATS connection: a reconnect changes it.
+type epoch struct {
+	connected  bool
+	reconnects uint64
+}
+
+func (r *Relay) connEpoch() epoch {
+	nc := r.js.Conn()
+	return epoch{connected: nc.Status() == nats.CONNECTED, reconnects: nc.Stats().Reconnects}
+}
+
+// connectionLost reports publish errors that say the connection, not the row,
+// failed.
+func connectionLost(err error) bool {
+	return errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrConnectionDraining)
 }
 
 // errBadRow is a row the relay cannot even turn into a message.
@@ -391,7 +431,7 @@ func firstErr(failed map[int64]error) error {
 // PublishTimeout after the batch's first publish. It returns the ids acknowledged by
 // the stream (including those the broker reported as duplicates: they are in the
 // stream already) and the failures.
-func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok []int64, failed map[int64]error) {
+func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, failed map[int64]error) {
 	failed = map[int64]error{}
 	deadline, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
@@ -425,8 +465,12 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok []int64, fai
 		// The deadline's Done stays closed once it fires, so every future still
 		// waiting fails at once instead of one per timer tick.
 		select {
-		case <-f.Ok():
-			ok = append(ok, batch[i].id)
+		case ack := <-f.Ok():
+			// A duplicate's PubAck names the sequence of the message it was folded
+			// into: where this intent's message is.
+			ok.ids = append(ok.ids, batch[i].id)
+			ok.streams = append(ok.streams, ack.Stream)
+			ok.seqs = append(ok.seqs, int64(ack.Sequence))
 		case err := <-f.Err():
 			failed[batch[i].id] = err
 		case <-deadline.Done():

@@ -35,10 +35,15 @@ FROM idem_outbox
 WHERE id = ANY($1::bigint[])
 ORDER BY id`
 
+	// Published: where the stream put it (the PubAck), and an expiry unless the
+	// reconciler is to prove it first (a zero retention).
 	sqlMarkPublished = `
 UPDATE idem_outbox
-SET published_at = now(), attempts = attempts + 1, last_error = NULL, expires_at = now() + $2::interval
-WHERE id = ANY($1::bigint[])`
+SET published_at = now(), attempts = attempts + 1, last_error = NULL, next_attempt_at = NULL,
+    stream = t.s, stream_seq = t.q,
+    expires_at = CASE WHEN $4::interval > '0'::interval THEN now() + $4::interval END
+FROM unnest($1::bigint[], $2::text[], $3::bigint[]) AS t(i, s, q)
+WHERE id = t.i`
 
 	// The relay drains in id order, so the lowest pending id is the row that has
 	// waited longest; the partial index idem_outbox_pending finds it at once.

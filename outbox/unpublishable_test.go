@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -300,4 +301,36 @@ func TestRelayBatchIsBoundedByBytes(t *testing.T) {
 	if biggest.Load() > 3 || batches.Load() < 4 {
 		t.Fatalf("batches = %d, the biggest with %d rows; want at most 3 rows of ~1 kB per 3.5 kB batch", batches.Load(), biggest.Load())
 	}
+}
+
+// A publish that failed because the connection dropped is the broker's fault even
+// when the broker is back by the time the relay asks it: nothing is charged.
+func TestRelayChargesNothingForAConnectionThatDropped(t *testing.T) {
+	t.Parallel()
+	b := newSmallBroker(t)
+	b.insertRaw(t, 3, "k-", "test.x", 10)
+	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, PublishTimeout: 2 * time.Second, MaxAttempts: 1})
+	b.srv.Shutdown()
+	b.srv.WaitForShutdown()
+	testenv.Eventually(t, 10*time.Second, "the client to notice", func() bool { return b.nc.Status() != nats.CONNECTED })
+	// After the publishes failed and before the relay judges them, the broker
+	// comes back and the client reconnects.
+	back := faults.New().Func(faults.RelayAfterPublish, func(context.Context, []string) error {
+		b.srv = startServer(t, b.opts)
+		testenv.Eventually(t, 10*time.Second, "the client to reconnect", func() bool { return b.nc.Status() == nats.CONNECTED })
+		return nil
+	})
+	_, err := r.Drain(faults.With(context.Background(), back))
+	if n := b.db.Count(t, `SELECT count(*) FROM idem_outbox WHERE attempts = 0 AND dead_lettered_at IS NULL`); n != 3 {
+		var lastErr *string
+		_ = b.db.Pool.QueryRow(context.Background(), `SELECT max(last_error) FROM idem_outbox`).Scan(&lastErr)
+		t.Fatalf("rows uncharged = %d, want 3 (MaxAttempts is 1: one charge dead-letters a row); Drain: %v; last error: %v", n, err, deref(lastErr))
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }

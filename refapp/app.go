@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/reconcile"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -45,6 +46,9 @@ type Config struct {
 	// Roles: every worker runs all of them unless disabled, so several workers can
 	// split the work (two relays, three consumer workers, ...).
 	DisableIngress, DisableRelay, DisableConsumers, DisableRetention bool
+	// DisableReconciler runs the relay without the reconciler (see
+	// worker.Config.DisableReconciler): the negative control of the chaos tests.
+	DisableReconciler bool
 
 	// Schema of the idem_* tables (default public); NoMigrate leaves migrations
 	// (idem's and the application's) to the operator.
@@ -56,6 +60,7 @@ type Config struct {
 	Charges   consumer.Config
 	Emails    consumer.Config
 	Relay     outbox.RelayConfig
+	Reconcile reconcile.Config
 	Ingress   producer.Config
 	Retention worker.RetentionConfig
 	// ClientResendHorizon (default worker.DefaultClientResendHorizon).
@@ -121,6 +126,8 @@ func (c Config) WorkerConfig() (worker.Config, error) {
 		Stream:              stream,
 		Relay:               c.Relay,
 		DisableRelay:        c.DisableRelay,
+		Reconcile:           c.Reconcile,
+		DisableReconciler:   c.DisableReconciler,
 		Retention:           c.Retention,
 		DisableRetention:    c.DisableRetention,
 		ClientResendHorizon: c.ClientResendHorizon,

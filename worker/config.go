@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // DefaultClientResendHorizon is how long idem's client keeps re-sending a pending
@@ -38,8 +39,21 @@ type Config struct {
 
 	// Relay tunes the outbox relay; Schema and Stream are filled in.
 	Relay outbox.RelayConfig
-	// DisableRelay runs no relay in this worker (another process relays).
+	// DisableRelay runs no relay in this worker (another process relays). It runs
+	// no reconciler either: the reconciler works in the relay role.
 	DisableRelay bool
+
+	// Reconcile tunes the reconciler (package reconcile), which runs wherever the
+	// relay runs; Schema and Stream are filled in, and Retention defaults to
+	// Relay.Retention. With a reconciler the relay awaits proof
+	// (outbox.RelayConfig.AwaitProof): a published row is kept until every
+	// consumer that reads it has settled it.
+	Reconcile reconcile.Config
+	// DisableReconciler runs no reconciler here. Published rows then expire by
+	// Relay.Retention alone unless Relay.AwaitProof is set (a reconciler runs in
+	// another process), and the stream check at Start refuses settings that lose
+	// messages (memory storage, discarding the oldest when full).
+	DisableReconciler bool
 
 	// Consumers to run: in-transaction and external handlers alike. Stream and
 	// Schema are filled in where empty; Logger, TracerProvider and Observer are

@@ -20,7 +20,8 @@ func (w *Worker) LiveHandler() http.Handler {
 }
 
 // ReadyHandler answers 200 only while the worker can do its work: started, no
-// component failed, Postgres answering, NATS connected. Otherwise 503, with one line
+// component failed, Postgres answering, NATS connected, the stream and every
+// durable consumer present (or recreated). Otherwise 503, with one line
 // per problem that names the dependency but never echoes a driver's error (which
 // would show user, host and database to whoever can reach the port); the errors
 // are logged.
@@ -57,6 +58,17 @@ func (w *Worker) Ready(ctx context.Context) []string {
 	}
 	if st := w.nc.Status(); st != nats.CONNECTED {
 		problems = append(problems, "nats: "+strings.ToLower(st.String()))
+	} else {
+		// A missing stream or durable consumer names itself: no driver error in
+		// these, only the names the operator configured.
+		if err := w.keeper.Health(); err != nil {
+			problems = append(problems, err.Error())
+		}
+		for _, c := range w.consumers {
+			if err := c.Health(); err != nil {
+				problems = append(problems, fmt.Sprintf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated", c.Config().Name, c.Config().Stream))
+			}
+		}
 	}
 	return problems
 }

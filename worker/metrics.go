@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // metrics are the worker's Prometheus instruments, all prefixed idem_. They are fed
@@ -24,6 +25,7 @@ type metrics struct {
 	relay     *prometheus.CounterVec
 	relayDur  prometheus.Histogram
 	deleted   *prometheus.CounterVec
+	reconcile *prometheus.CounterVec
 	scrapeErr *prometheus.CounterVec
 }
 
@@ -51,6 +53,10 @@ func newMetrics(w *Worker) *metrics {
 			Name: "idem_collector_deleted_rows_total",
 			Help: "Expired rows deleted by the retention collector, by table.",
 		}, []string{"table"}),
+		reconcile: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idem_reconciler_rows_total",
+			Help: "Published outbox rows the reconciler judged, by verdict (completed, lagging, unrouted, redriven, alerted); lagging and unrouted count each look.",
+		}, []string{"outcome"}),
 		scrapeErr: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_scrape_errors_total",
 			Help: "Scrape-time queries that failed, by query: a gauge that is missing from a scrape is explained here.",
@@ -73,6 +79,8 @@ func (m *metrics) observe(e idem.Event) {
 		}
 	case idem.ComponentCollector:
 		m.deleted.WithLabelValues(e.Name).Add(n)
+	case idem.ComponentReconciler:
+		m.reconcile.WithLabelValues(e.Outcome).Add(n)
 	}
 }
 
@@ -95,8 +103,14 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 	for _, o := range []string{outbox.OutcomePublished, outbox.OutcomeFailed} {
 		m.relay.WithLabelValues(o)
 	}
+	if w.reconcile != nil {
+		for _, o := range []string{reconcile.OutcomeCompleted, reconcile.OutcomeLagging, reconcile.OutcomeUnrouted, reconcile.OutcomeRedriven, reconcile.OutcomeAlerted} {
+			m.reconcile.WithLabelValues(o)
+		}
+	}
 	m.scrapeErr.WithLabelValues("outbox_backlog")
-	for _, c := range []prometheus.Collector{m.messages, m.ingress, m.relay, m.relayDur, m.deleted, m.scrapeErr, &backlogCollector{m: m}} {
+	m.scrapeErr.WithLabelValues("reconcile_status")
+	for _, c := range []prometheus.Collector{m.messages, m.ingress, m.relay, m.relayDur, m.deleted, m.reconcile, m.scrapeErr, &backlogCollector{m: m}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -108,13 +122,18 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 type backlogCollector struct{ m *metrics }
 
 var (
-	descPending = prometheus.NewDesc("idem_outbox_pending_rows", "Outbox rows not yet published.", nil, nil)
-	descOldest  = prometheus.NewDesc("idem_outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil)
+	descPending  = prometheus.NewDesc("idem_outbox_pending_rows", "Outbox rows not yet published.", nil, nil)
+	descOldest   = prometheus.NewDesc("idem_outbox_oldest_unpublished_age_seconds", "Age of the oldest unpublished outbox row (0 when none).", nil, nil)
+	descUnproven = prometheus.NewDesc("idem_outbox_unproven_rows", "Intents published but not yet settled by every consumer that reads them.", nil, nil)
+	descOldestUn = prometheus.NewDesc("idem_outbox_oldest_unproven_age_seconds", "Age of the oldest published intent not yet settled by every consumer (0 when none).", nil, nil)
+	descRedriven = prometheus.NewDesc("idem_outbox_redriven_rows", "Outbox rows still kept that the reconciler re-drove at least once (the stream lost them).", nil, nil)
+	descAlerted  = prometheus.NewDesc("idem_outbox_alerted_rows", "Outbox rows still kept that the reconciler gave up on and dead-lettered: past every horizon.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- descPending
-	ch <- descOldest
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted} {
+		ch <- d
+	}
 }
 
 func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
@@ -129,4 +148,14 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(b.Pending))
 	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, b.OldestAge.Seconds())
+	s, err := reconcile.ReadStatus(ctx, w.pool, w.cfg.Schema)
+	if err != nil {
+		c.m.scrapeErr.WithLabelValues("reconcile_status").Inc()
+		w.log.WarnContext(ctx, "metrics: reconcile status query failed", "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descUnproven, prometheus.GaugeValue, float64(s.Unproven))
+	ch <- prometheus.MustNewConstMetric(descOldestUn, prometheus.GaugeValue, s.OldestUnprovenAge.Seconds())
+	ch <- prometheus.MustNewConstMetric(descRedriven, prometheus.GaugeValue, float64(s.Redriven))
+	ch <- prometheus.MustNewConstMetric(descAlerted, prometheus.GaugeValue, float64(s.Alerted))
 }

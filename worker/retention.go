@@ -135,7 +135,9 @@ DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
 DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	// Published rows, and rows the relay dead-lettered (their dead letter holds the
-	// message), once their retention has passed; never a pending row.
+	// message), once their retention has passed; never a pending row. With a
+	// reconciler a published row has no expiry until the reconciler proves it
+	// complete (or gives up on it, past every horizon): never deleted by age alone.
 	{name: "idem_outbox", sql: `
 DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM idem_outbox

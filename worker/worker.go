@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -16,6 +17,7 @@ import (
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // headerReserve is what the ingress's default body limit leaves for the headers the
@@ -23,6 +25,10 @@ import (
 // subject, the trace context): a body just under max_payload would otherwise be
 // accepted and then refused by the outbox.
 const headerReserve = 4 << 10
+
+// streamCheckInterval is how often the worker checks that its stream exists, at
+// most (see New).
+const streamCheckInterval = 5 * time.Second
 
 // component is one long-running part of the worker.
 type component struct {
@@ -44,6 +50,8 @@ type Worker struct {
 	ingress   *producer.Middleware
 	consumers []*consumer.Consumer
 	relay     *outbox.Relay
+	reconcile *reconcile.Reconciler
+	keeper    *streamKeeper
 	collector *collector
 
 	mu        sync.Mutex
@@ -124,10 +132,34 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 		if rc.Logger == nil {
 			rc.Logger = w.log
 		}
+		if !cfg.DisableReconciler {
+			rc.AwaitProof = true
+		}
 		if w.relay, err = outbox.NewRelay(pool, js, rc); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
+		if !cfg.DisableReconciler {
+			rec := cfg.Reconcile
+			rec.Schema, rec.Stream = cfg.Schema, cfg.Stream.Name
+			rec.Observer = idem.Observers(observe, rec.Observer)
+			if rec.Retention == 0 {
+				rec.Retention = cfg.Relay.Retention
+			}
+			if rec.Logger == nil {
+				rec.Logger = w.log
+			}
+			if w.reconcile, err = reconcile.New(pool, js, rec); err != nil {
+				return nil, fmt.Errorf("worker: %w", err)
+			}
+		}
 	}
+	// The stream is checked as often as the most watchful consumer checks its
+	// durable consumer, which it cannot recreate while the stream is missing.
+	keeperEvery := streamCheckInterval
+	for _, c := range w.consumers {
+		keeperEvery = min(keeperEvery, c.Config().CheckInterval)
+	}
+	w.keeper = &streamKeeper{w: w, interval: keeperEvery}
 	if !cfg.DisableRetention {
 		w.collector = newCollector(pool, cfg.Schema, cfg.Retention, w.log, observe)
 	}
@@ -172,6 +204,17 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: stream %s: %w", w.cfg.Stream.Name, err)
 	}
+	filters := map[string]string{}
+	for _, c := range w.consumers {
+		filters[c.Config().Name] = c.Config().Subject
+	}
+	warnings, err := checkStream(info, w.cfg.Stream, filters, w.reconcile != nil)
+	if err != nil {
+		return fmt.Errorf("worker: refusing to start: %w", err)
+	}
+	for _, warning := range warnings {
+		w.log.WarnContext(ctx, "worker: "+warning)
+	}
 	lifetimes, err := w.checkLifetimes(info.Config.MaxAge)
 	if err != nil {
 		return fmt.Errorf("worker: refusing to start: %w", err)
@@ -189,9 +232,13 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.relay != nil {
 		comps = append(comps, component{"relay", w.relay.Run})
 	}
+	if w.reconcile != nil {
+		comps = append(comps, component{"reconciler", w.reconcile.Run})
+	}
 	if w.collector != nil {
 		comps = append(comps, component{"collector", w.collector.run})
 	}
+	comps = append(comps, component{"stream keeper", w.keeper.run})
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
 	w.started = true
@@ -210,7 +257,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		close(w.done)
 	}()
 	w.log.InfoContext(ctx, "worker started", "stream", w.cfg.Stream.Name, "consumers", len(w.consumers),
-		"relay", w.relay != nil, "retention", w.collector != nil, "ingress", w.ingress != nil)
+		"relay", w.relay != nil, "reconciler", w.reconcile != nil, "retention", w.collector != nil, "ingress", w.ingress != nil)
 	return nil
 }
 

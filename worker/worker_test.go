@@ -439,6 +439,18 @@ func TestMetrics(t *testing.T) {
 	if got := gather("idem_outbox_pending_rows"); got != 0 {
 		t.Errorf("idem_outbox_pending_rows = %v, want 0", got)
 	}
+	// Published and consumed; proven or not depending on whether the reconciler's
+	// pass at start saw the settlement (the next is 30s away): the gauge says which.
+	unproven := o.env.DB.Count(t, `SELECT count(*) FROM orders_idem.idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL`)
+	if got := gather("idem_outbox_unproven_rows"); got != float64(unproven) {
+		t.Errorf("idem_outbox_unproven_rows = %v, want %d", got, unproven)
+	}
+	if got := gather("idem_outbox_redriven_rows") + gather("idem_outbox_alerted_rows"); got != 0 {
+		t.Errorf("re-driven + alerted rows = %v, want 0", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "idem_reconciler_rows_total"); err != nil || n != 5 {
+		t.Errorf("reconciler series = %d (%v), want the five verdicts pre-registered", n, err)
+	}
 	if n, err := testutil.GatherAndCount(reg, "idem_consumer_messages_total"); err != nil || n < 4 {
 		t.Errorf("consumer series = %d (%v), want the known outcomes pre-registered", n, err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/reconcile"
 	"github.com/idemkit/idem/refapp"
 )
 
@@ -53,8 +54,11 @@ type PipelineConfig struct {
 	// AckWait.
 	DropFraction float64
 	AckWait      time.Duration
-	Timeout      time.Duration
-	Log          *slog.Logger
+	// Reconcile runs a reconciler beside the relay, which then awaits proof
+	// (outbox.RelayConfig.AwaitProof), as the worker does.
+	Reconcile bool
+	Timeout   time.Duration
+	Log       *slog.Logger
 }
 
 // pipelineRun is what one pipeline run measured.
@@ -74,6 +78,8 @@ type pipelineRun struct {
 	processed  int64
 	duplicates int64
 	dropped    int64
+	// proven is when the reconciler had proven every intent complete (Reconcile).
+	proven time.Duration
 }
 
 var errDropAcks = errors.New("bench: acks of this batch dropped on purpose")
@@ -146,23 +152,36 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 	}
 	published := newCounter(messages)
 	relay, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
-		Stream:    refapp.StreamName,
-		BatchSize: cfg.RelayBatch,
-		Logger:    cfg.Log,
-		Observer:  relayObserver(published, nil),
+		Stream:     refapp.StreamName,
+		BatchSize:  cfg.RelayBatch,
+		AwaitProof: cfg.Reconcile,
+		Logger:     cfg.Log,
+		Observer:   relayObserver(published, nil),
 	})
 	if err != nil {
 		return out, fmt.Errorf("relay: %w", err)
+	}
+	var rec *reconcile.Reconciler
+	if cfg.Reconcile {
+		// A pass every second, not the default 30s: in a run of seconds the
+		// default would hardly run, and its cost would not be measured.
+		if rec, err = reconcile.New(env.Pool, env.JS, reconcile.Config{Stream: refapp.StreamName, Interval: time.Second, Logger: cfg.Log}); err != nil {
+			return out, fmt.Errorf("reconciler: %w", err)
+		}
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	consumerCtx := faults.With(runCtx, faults.New().Func(faults.ConsumerAfterCommit, afterCommit))
 	var wg sync.WaitGroup
-	errs := make(chan error, 2+cfg.Producers)
+	errs := make(chan error, 3+cfg.Producers)
 	wg.Add(2)
 	go func() { defer wg.Done(); errs <- c.Run(consumerCtx) }()
 	go func() { defer wg.Done(); errs <- relay.Run(runCtx) }()
+	if rec != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- rec.Run(runCtx) }()
+	}
 	stopAll := func() {
 		cancel()
 		wg.Wait()
@@ -291,6 +310,13 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 		return out, err
 	}
 	out.drained = time.Since(base)
+	if rec != nil {
+		if err := waitProven(ctx, env, cfg.Timeout); err != nil {
+			stopAll()
+			return out, err
+		}
+		out.proven = time.Since(base)
+	}
 	stopAll()
 	close(errs)
 	for err := range errs {
@@ -340,6 +366,9 @@ type E2EConfig struct {
 	// Rate and RateBatch shape the latency phase.
 	Rate      int
 	RateBatch int
+	// DurabilityBatch is e2e-durability's intents per transaction (1: one intent
+	// per request, the shape users run).
+	DurabilityBatch int
 }
 
 func pipelineConfigMap(p PipelineConfig) map[string]any {
@@ -390,6 +419,77 @@ func runE2E(ctx context.Context, newEnv envFactory, cfg E2EConfig) ([]Result, er
 		r.Rate, rateCfg.EnqueueBatch, r.MaxMs, ms(run.p99Halves[0]), ms(run.p99Halves[1])))
 	results = append(results, r)
 	return results, nil
+}
+
+// Rows of the e2e-durability scenario.
+const (
+	rowFsyncAlways     = "e2e, fsync always"
+	rowFsyncReconciled = "e2e, fsync always + reconciler"
+	rowReconciled      = "e2e, default fsync + reconciler"
+)
+
+// durabilityProducers is how many producers e2e-durability runs, each committing
+// one intent per transaction: the shape of one intent per HTTP request, with that
+// many requests in flight.
+const durabilityProducers = 16
+
+// runE2EDurability measures the two ways to make a published intent survive the
+// broker: JetStream fsyncing every write, or JetStream at its default sync interval
+// with the reconciler proving every intent settled (and re-driving what a crash
+// lost). Both rows are the unthrottled pipeline with one intent per producer
+// transaction, each on a fresh environment.
+func runE2EDurability(ctx context.Context, newEnv func(syncAlways bool) envFactory, cfg E2EConfig) ([]Result, error) {
+	var results []Result
+	for _, v := range []struct {
+		row        string
+		syncAlways bool
+		reconcile  bool
+	}{{rowFsyncAlways, true, false}, {rowFsyncReconciled, true, true}, {rowReconciled, false, true}} {
+		p := cfg.Pipeline
+		p.Scenario, p.Producers, p.EnqueueBatch, p.Rate, p.Reconcile = v.row, durabilityProducers, cfg.DurabilityBatch, 0, v.reconcile
+		if p.EnqueueBatch > 1 {
+			// Not the shape users run: an extra, labelled row.
+			v.row += fmt.Sprintf(" (%d intents per transaction)", p.EnqueueBatch)
+		}
+		run, err := withEnv(ctx, labelled(newEnv(v.syncAlways), scE2EDurability), func(env *Env) (pipelineRun, error) { return runPipeline(ctx, env, p) })
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", v.row, err)
+		}
+		r := Result{Scenario: scE2EDurability, Row: v.row, N: p.N, Messages: p.N, Config: pipelineConfigMap(p)}
+		r.Config["jetstream_sync_always"] = v.syncAlways
+		r.setMeasurement(run.meas, p.N)
+		r.Seconds, r.Rate = run.effects.Seconds(), float64(p.N)/run.effects.Seconds()
+		r.Ledger, r.Verified = &run.ledger, "ok"
+		r.Notes = append(r.Notes, fmt.Sprintf("%d producers, %d intent(s) per transaction; producers finished after %.2fs; last effect at %.2fs; latency under saturation p50 %.0f ms, p99 %.0f ms",
+			durabilityProducers, p.EnqueueBatch, run.produced.Seconds(), run.effects.Seconds(), ms(percentile(run.latencies, 50)), ms(percentile(run.latencies, 99))))
+		if v.reconcile {
+			r.Notes = append(r.Notes, fmt.Sprintf("every intent proven settled by the reconciler (a pass each second) at %.2fs", run.proven.Seconds()))
+		}
+		results = append(results, r)
+	}
+	return results, nil
+}
+
+// waitProven waits until the reconciler has proven every published intent complete.
+func waitProven(ctx context.Context, env *Env, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		s, err := reconcile.ReadStatus(ctx, env.Pool, "")
+		if err != nil {
+			return err
+		}
+		if s.Unproven == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %s: %d intents not proven settled", timeout, s.Unproven)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 // runE2EDup runs the pipeline with every message published twice and a fraction of

@@ -18,6 +18,14 @@
 //	e2e                payments + Outbox.Enqueue -> relay -> JetStream -> idem consumer -> ledger:
 //	                   max sustained intents/s, and latency p50/p99 at a fixed offered load
 //	e2e-dup            e2e with every message published twice and a fraction of acked batches dropped
+//	plain-http         an HTTP server whose handler commits the payment row alone, one request per
+//	                   intent: the floor of "one commit per request"
+//	e2e-http           the reference application as `go run ./cmd/worker` runs it (ingress, relay,
+//	                   reconciler, consumer), one intent per HTTP request from keep-alive clients;
+//	                   latency is request sent -> ledger row committed
+//	e2e-durability     e2e (max) twice: JetStream fsyncing every write, and JetStream at its default
+//	                   sync interval with the reconciler proving every intent settled (-sync-always
+//	                   does not apply)
 package main
 
 import (
@@ -44,9 +52,16 @@ const (
 	scRelay    = "relay"
 	scE2E      = "e2e"
 	scE2EDup   = "e2e-dup"
+	// scE2EDurability compares the broker's fsync with the reconciler.
+	scE2EDurability = "e2e-durability"
+	// scE2EHTTP and scPlainHTTP go through a real HTTP server, one intent per
+	// request: the reference application as the worker runs it, and the floor of
+	// one plain commit per request.
+	scE2EHTTP   = "e2e-http"
+	scPlainHTTP = "plain-http"
 )
 
-var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup}
+var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scPlainHTTP, scE2EHTTP}
 
 // Options are the command-line flags.
 type Options struct {
@@ -73,6 +88,11 @@ type Options struct {
 	DupDrop      float64 // fraction of committed batches whose acks e2e-dup drops
 	DupAckWait   time.Duration
 	PayloadBytes int // e2e: each message's payload size (0: a small charge)
+	// DurabilityBatch: e2e-durability's intents per producer transaction.
+	DurabilityBatch int
+	HTTPClients     int // HTTP scenarios: keep-alive clients of the max phase
+	HTTPRate        int // HTTP scenarios: offered requests/s of the latency phase
+	HTTPRateN       int // HTTP scenarios: requests of the latency phase
 
 	child string // set in a child process: the one scenario to run
 }
@@ -102,6 +122,10 @@ func parseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.Rate, "rate", 2000, "e2e latency phase: offered load in intents/s")
 	fs.IntVar(&o.RateBatch, "rate-batch", 100, "e2e latency phase: intents per producer transaction")
 	fs.IntVar(&o.PayloadBytes, "payload-bytes", 0, "e2e: pad each charge's payload to about this many bytes (0: small), to measure memory with large messages")
+	fs.IntVar(&o.DurabilityBatch, "durability-batch", 1, "e2e-durability: intents per producer transaction (1, one intent per request, is the shape users run; more is an extra, labelled row)")
+	fs.IntVar(&o.HTTPClients, "http-clients", 32, "e2e-http, plain-http: keep-alive clients in the max phase")
+	fs.IntVar(&o.HTTPRate, "http-rate", 1000, "e2e-http, plain-http: offered requests/s in the latency phase")
+	fs.IntVar(&o.HTTPRateN, "http-rate-n", 10000, "e2e-http, plain-http: requests in the latency phase (at most -n)")
 	fs.Float64Var(&o.DupDrop, "dup-drop", 0.10, "e2e-dup: fraction of committed batches whose acks are dropped")
 	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", 2*time.Second, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
 	fs.StringVar(&o.child, "child", "", "internal: run one scenario and print its results as JSON on stdout")
@@ -121,8 +145,8 @@ func parseFlags(args []string) (Options, error) {
 	switch {
 	case o.N <= 0:
 		return o, errors.New("-n must be positive")
-	case o.Workers <= 0, o.BatchSize <= 0, o.Concurrency <= 0, o.RelayBatch <= 0, o.EnqueueBatch <= 0, o.Producers <= 0, o.RateBatch <= 0:
-		return o, errors.New("-workers, -batch, -concurrency, -relay-batch, -enqueue-batch, -producers and -rate-batch must be positive")
+	case o.Workers <= 0, o.BatchSize <= 0, o.Concurrency <= 0, o.RelayBatch <= 0, o.EnqueueBatch <= 0, o.Producers <= 0, o.RateBatch <= 0, o.DurabilityBatch <= 0, o.HTTPClients <= 0, o.HTTPRate <= 0, o.HTTPRateN <= 0:
+		return o, errors.New("-workers, -batch, -concurrency, -relay-batch, -enqueue-batch, -producers, -rate-batch, -durability-batch and the -http- flags must be positive")
 	case o.Rate <= 0:
 		return o, errors.New("-rate must be positive")
 	case o.DupDrop < 0 || o.DupDrop >= 1:

@@ -70,6 +70,12 @@ func find(rs []Result, row string) *Result {
 	return findFunc(rs, func(r Result) bool { return r.Row == row })
 }
 
+// rowIs matches a row by its label, with or without a parenthesised suffix such as
+// " (100 intents per transaction)".
+func rowIs(label string) func(Result) bool {
+	return func(r Result) bool { return r.Row == label || strings.HasPrefix(r.Row, label+" (") }
+}
+
 func findFunc(rs []Result, f func(Result) bool) *Result {
 	i := slices.IndexFunc(rs, f)
 	if i < 0 {
@@ -87,16 +93,31 @@ func ratiosAndTargets(rs []Result) (map[string]float64, []Target) {
 	if idemR != nil && inbox != nil {
 		ratios["idem-consumer/handwritten-inbox"] = idemR.Rate / inbox.Rate
 	}
+	if rec, fsync := findFunc(rs, rowIs(rowReconciled)), findFunc(rs, rowIs(rowFsyncAlways)); rec != nil && fsync != nil {
+		ratios["e2e default fsync + reconciler/fsync always"] = rec.Rate / fsync.Rate
+	}
+	if rec, fsync := findFunc(rs, rowIs(rowReconciled)), findFunc(rs, rowIs(rowFsyncReconciled)); rec != nil && fsync != nil {
+		ratios["e2e default fsync + reconciler/fsync always + reconciler"] = rec.Rate / fsync.Rate
+	}
+	if e, p := find(rs, scE2EHTTP+" (max)"), find(rs, scPlainHTTP+" (max)"); e != nil && p != nil {
+		ratios["e2e-http/plain-http"] = e.Rate / p.Rate
+	}
 	var ts []Target
 	ratio := func(name string, want float64) {
 		got, ok := ratios[name]
 		ts = append(ts, Target{Name: name, Want: fmt.Sprintf(">= %.0fx", want), Got: got, Met: ok && got >= want, Measured: ok})
 	}
+	ratio("e2e-http/plain-http", 0.8)
+	t := Target{Name: "e2e-http p99 latency ms at the offered load", Want: "<= 10"}
+	if lat := findFunc(rs, func(r Result) bool { return strings.HasPrefix(r.Row, scE2EHTTP+" @") }); lat != nil {
+		t.Got, t.Met, t.Measured = lat.P99ms, lat.P99ms <= 10, true
+	}
+	ts = append(ts, t)
 	ratio("idem-consumer/naive", 3)
 	ratio("idem-consumer/handwritten-inbox", 5)
 	e2e := find(rs, rowE2EMax)
 	lat := findFunc(rs, func(r Result) bool { return strings.HasPrefix(r.Row, rowE2ERatePref) })
-	t := Target{Name: "e2e sustained intents/s", Want: ">= 10000"}
+	t = Target{Name: "e2e sustained intents/s", Want: ">= 10000"}
 	if e2e != nil {
 		t.Got, t.Met, t.Measured = e2e.Rate, e2e.Rate >= 10000, true
 	}
@@ -132,9 +153,10 @@ func printTable(w io.Writer, rep Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	for _, name := range []string{"idem-consumer/naive", "idem-consumer/handwritten-inbox"} {
+	for _, name := range []string{"e2e-http/plain-http", "idem-consumer/naive", "idem-consumer/handwritten-inbox", "e2e default fsync + reconciler/fsync always",
+		"e2e default fsync + reconciler/fsync always + reconciler"} {
 		if v, ok := rep.Ratios[name]; ok {
-			fmt.Fprintf(w, "ratio %-32s %.2fx\n", name, v)
+			fmt.Fprintf(w, "ratio %-46s %.2fx\n", name, v)
 		}
 	}
 	fmt.Fprintln(w)

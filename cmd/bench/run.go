@@ -140,25 +140,28 @@ func runChild(ctx context.Context, opts Options, log *slog.Logger) error {
 
 // runScenario runs one scenario with fresh environments.
 func runScenario(ctx context.Context, opts Options, name string, log *slog.Logger) ([]Result, error) {
-	newEnv := func(ctx context.Context, label string) (*Env, error) {
-		return NewEnv(ctx, EnvConfig{
-			AdminURL:      opts.DatabaseURL,
-			MaxConns:      int32(max(opts.Workers, opts.Producers+opts.Concurrency+4) + 4),
-			SyncAlways:    opts.SyncAlways,
-			Keep:          opts.Keep,
-			Scenario:      label,
-			CPUProfile:    opts.CPUProfile,
-			TraceSQL:      opts.TraceSQL,
-			PlanCacheMode: opts.PlanCache,
-			Log:           log,
-		})
+	envWith := func(syncAlways bool) envFactory {
+		return func(ctx context.Context, label string) (*Env, error) {
+			return NewEnv(ctx, EnvConfig{
+				AdminURL:      opts.DatabaseURL,
+				MaxConns:      int32(max(opts.Workers, opts.Producers+opts.Concurrency+4, durabilityProducers+opts.Concurrency+4, opts.HTTPClients+8) + 4),
+				SyncAlways:    syncAlways,
+				Keep:          opts.Keep,
+				Scenario:      label,
+				CPUProfile:    opts.CPUProfile,
+				TraceSQL:      opts.TraceSQL,
+				PlanCacheMode: opts.PlanCache,
+				Log:           log,
+			})
+		}
 	}
+	newEnv := envWith(opts.SyncAlways)
 	baseline := BaselineConfig{N: opts.N, Workers: opts.Workers, Timeout: opts.Timeout, Log: log}
 	pipeline := PipelineConfig{
 		N: opts.N, PayloadBytes: opts.PayloadBytes, EnqueueBatch: opts.EnqueueBatch, RelayBatch: opts.RelayBatch,
 		BatchSize: opts.BatchSize, Concurrency: opts.Concurrency, Timeout: opts.Timeout, Log: log,
 	}
-	e2e := E2EConfig{Pipeline: pipeline, MaxProducers: opts.Producers, Rate: opts.Rate, RateBatch: opts.RateBatch}
+	e2e := E2EConfig{Pipeline: pipeline, MaxProducers: opts.Producers, Rate: opts.Rate, RateBatch: opts.RateBatch, DurabilityBatch: opts.DurabilityBatch}
 
 	switch name {
 	case scNaive:
@@ -172,7 +175,14 @@ func runScenario(ctx context.Context, opts Options, name string, log *slog.Logge
 		cfg := RelayBenchConfig{N: opts.N, EnqueueBatch: 1000, BatchSize: opts.RelayBatch, Timeout: opts.Timeout, Log: log}
 		return withEnv(ctx, labelled(newEnv, name), func(env *Env) ([]Result, error) { return runRelay(ctx, env, cfg) })
 	case scE2E:
+		// The product runs a reconciler beside its relay: so does the bench.
+		e2e.Pipeline.Reconcile = true
 		return runE2E(ctx, newEnv, e2e)
+	case scE2EHTTP, scPlainHTTP:
+		hc := HTTPConfig{N: opts.N, Clients: opts.HTTPClients, Rate: opts.HTTPRate, RateN: opts.HTTPRateN, Timeout: opts.Timeout, Log: log}
+		return runHTTPScenario(ctx, newEnv, name, hc)
+	case scE2EDurability:
+		return runE2EDurability(ctx, envWith, e2e)
 	case scE2EDup:
 		e2e.Pipeline.DropFraction, e2e.Pipeline.AckWait = opts.DupDrop, opts.DupAckWait
 		return runE2EDup(ctx, newEnv, e2e)
@@ -234,6 +244,7 @@ func optionsMap(o Options) map[string]any {
 		"concurrency": o.Concurrency, "relay_batch": o.RelayBatch, "enqueue_batch": o.EnqueueBatch,
 		"producers": o.Producers, "rate": o.Rate, "rate_batch": o.RateBatch, "dup_drop": o.DupDrop,
 		"dup_ack_wait": o.DupAckWait.String(), "sync_always": o.SyncAlways, "inprocess": o.InProcess,
-		"pg_plan_cache_mode": o.PlanCache,
+		"pg_plan_cache_mode": o.PlanCache, "durability_batch": o.DurabilityBatch,
+		"http_clients": o.HTTPClients, "http_rate": o.HTTPRate, "http_rate_n": o.HTTPRateN,
 	}
 }

@@ -273,13 +273,19 @@ func writeKeyReport(w io.Writer, rep *ops.KeyReport) {
 
 	p.section(fmt.Sprintf("outbox (%s)", plural(len(rep.Outbox), "message")))
 	for _, m := range rep.Outbox {
-		state := "PENDING, not yet published"
-		if m.PublishedAt != nil {
-			state = "published " + p.time(*m.PublishedAt)
-		}
-		p.line(1, "#%d %s: %s, %s", m.ID, m.Subject, state, plural(m.Attempts, "attempt"))
+		p.line(1, "#%d %s: %s", m.ID, m.Subject, m.Summary())
 		p.field("msg_id", fmt.Sprintf("%q", m.MsgID))
 		p.field("created", p.time(m.CreatedAt))
+		if m.PublishedAt != nil {
+			where := ""
+			if m.Stream != nil && m.StreamSeq != nil {
+				where = fmt.Sprintf(" into %s at sequence %d", *m.Stream, *m.StreamSeq)
+			}
+			p.field("published", p.time(*m.PublishedAt)+where+", "+plural(m.Attempts, "attempt"))
+		}
+		if m.CompletedAt != nil {
+			p.field("complete", p.time(*m.CompletedAt)+": every consumer that reads it settled it")
+		}
 		if m.LastError != nil {
 			p.field("last_error", *m.LastError)
 		}
@@ -375,12 +381,28 @@ func attention(rep *ops.KeyReport) []string {
 		notes = append(notes, "the request has not finished: still running, or its worker died and a retry will take the key over")
 	}
 	for _, m := range rep.Outbox {
-		if m.PublishedAt == nil {
+		switch {
+		case m.PublishedAt == nil && m.DeadLetteredAt == nil:
 			n := fmt.Sprintf("outbox #%d waits to be published since %s: is the relay running?", m.ID, human(rep.AsOf.Sub(m.CreatedAt)))
 			if m.LastError != nil {
 				n += " last error: " + *m.LastError
 			}
 			notes = append(notes, n)
+		case m.AlertedAt != nil:
+			notes = append(notes, fmt.Sprintf("outbox #%d was published but never settled by every consumer before its horizon: see its dead letters", m.ID))
+		case m.CompletedAt == nil && m.DeadLetteredAt == nil:
+			var waiting []string
+			for _, d := range m.Deliveries {
+				if d.State == ops.DeliveryNotYet || d.State == ops.DeliveryInProgress {
+					waiting = append(waiting, d.Consumer)
+				}
+			}
+			if len(waiting) > 0 {
+				notes = append(notes, fmt.Sprintf("outbox #%d is published but not yet settled by %s: is that consumer running? (the reconciler re-drives it if the stream lost it)",
+					m.ID, strings.Join(waiting, ", ")))
+			} else if len(m.Deliveries) == 0 {
+				notes = append(notes, fmt.Sprintf("outbox #%d: no registered consumer reads %s", m.ID, m.Subject))
+			}
 		}
 	}
 	for _, in := range rep.Inbox {

@@ -59,6 +59,7 @@ type options struct {
 	roles           string
 	trace           string
 	ackWait         time.Duration
+	reconcileAfter  string
 	noMigrate       bool
 }
 
@@ -90,7 +91,25 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 		o.ackWait, err = parseAckWait(v)
 		return err
 	})
+	fs.StringVar(&o.reconcileAfter, "reconcile-after", env("IDEM_RECONCILE_AFTER", ""), "how long a published intent may stay unsettled by a consumer before the reconciler looks for it in the stream and re-drives it if lost; "+
+		"off runs the relay without a reconciler (env IDEM_RECONCILE_AFTER; default 5m)")
 	return fs, o
+}
+
+// parseReconcileAfter reads --reconcile-after: a positive duration, "off", or empty
+// for the default.
+func parseReconcileAfter(v string) (after time.Duration, off bool, err error) {
+	switch v {
+	case "":
+		return 0, false, nil
+	case "off":
+		return 0, true, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		return 0, false, fmt.Errorf("--reconcile-after: want a positive duration such as 5m, or off; got %q", v)
+	}
+	return d, false, nil
 }
 
 // defaultDataDir is runenv.DefaultDataDir, or empty when there is none (no home
@@ -223,6 +242,9 @@ func runService(args []string, stderr io.Writer) error {
 	// Zero keeps the consumers' default. The lifetime check at start counts it in
 	// each consumer's redelivery horizon.
 	cfg.Charges.AckWait, cfg.Emails.AckWait = ackWait, ackWait
+	if cfg.Reconcile.After, cfg.DisableReconciler, err = parseReconcileAfter(o.reconcileAfter); err != nil {
+		return err
+	}
 	switch o.trace {
 	case "":
 	case "stderr":
@@ -248,6 +270,9 @@ func runService(args []string, stderr io.Writer) error {
 		NATSURL:         o.natsURL,
 		DataDir:         o.dataDir,
 		Logger:          log,
+		// Without a reconciler nothing would find what a crash of the broker
+		// loses: then, and only then, the broker must fsync every write.
+		EmbeddedNATSSyncAlways: cfg.DisableReconciler,
 	})
 	if err != nil {
 		return err

@@ -43,6 +43,8 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{[]string{"dead-letters"}, 1, "want list or replay"},
 		{[]string{"--ack-wait", "soon"}, 1, "want a positive duration"},
 		{[]string{"--ack-wait", "-5s"}, 1, "want a positive duration"},
+		{[]string{"--reconcile-after", "later"}, 1, "--reconcile-after: want a positive duration such as 5m, or off"},
+		{[]string{"--reconcile-after", "0s"}, 1, "--reconcile-after: want a positive duration"},
 		{[]string{"migrate", "--schema", "Bad-Name"}, 1, "lower-case identifier"},
 		{[]string{"dead-letters", "replay"}, 1, "dead-letters replay: want"}, // admin.go is being reworded (ID or filter)
 	}

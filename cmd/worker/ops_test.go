@@ -67,6 +67,11 @@ func seedKey(t *testing.T, db *pgtest.DB, schema, scope, key string) {
 			{`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_ops', 1250)`, []any{scoped}},
 			{`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries)
 			  VALUES ($3, $1, $2, '{}', 'fingerprint mismatch: test', 1)`, []any{scoped, refapp.SubjectCharge, refapp.ChargeConsumer}},
+			// The registry: charges settled the key, audit (which reads everything)
+			// has not yet.
+			{`INSERT INTO idem_consumers (name, stream, filter_subject, key_lifetime)
+			  VALUES ($1, $3, $2, interval '1 day'), ('audit', $3, 'idem.>', interval '1 day') ON CONFLICT DO NOTHING`,
+				[]any{refapp.ChargeConsumer, refapp.SubjectCharge, refapp.StreamName}},
 		}
 		for _, s := range stmts {
 			if _, err := tx.Exec(ctx, pgschema.Qualify(schema, s.sql), s.args...); err != nil {
@@ -81,7 +86,7 @@ func seedKey(t *testing.T, db *pgtest.DB, schema, scope, key string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, pgschema.Qualify(schema, `UPDATE idem_outbox SET published_at = now(), attempts = 1 WHERE key = $1 AND subject = $2`), scoped, refapp.SubjectCharge); err != nil {
+	if _, err := db.Pool.Exec(ctx, pgschema.Qualify(schema, `UPDATE idem_outbox SET published_at = now(), attempts = 1, stream = $3, stream_seq = 7 WHERE key = $1 AND subject = $2`), scoped, refapp.SubjectCharge, refapp.StreamName); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -137,7 +142,8 @@ func TestInspectPrintsAKeysWholeLife(t *testing.T) {
 	mustContain(t, "inspect", out,
 		`key "k-ops" (scope "tenant-a"; past the ingress the key is "tenant-a\x1fk-ops")`,
 		"POST /v1/payments -> 202, done", "fingerprint  0102030405060708...", `{"status":"accepted"}`,
-		"outbox (2 messages)", "idem.payments.charge: published", "idem.emails.send: PENDING, not yet published",
+		"outbox (2 messages)", "idem.payments.charge: published; consumed by charges; not yet by audit", "into IDEM at sequence 7",
+		"idem.emails.send: pending, not yet published", "not yet settled by audit: is that consumer running?",
 		"inbox (1 consumer)", "charges: done",
 		"dead letters (1)", "fingerprint mismatch: test",
 		"application rows", "payments        id=", "ledger_entries  id=", "account=acct_ops amount_cents=1250 created_at=",
@@ -292,14 +298,17 @@ func TestStatsWithoutJetStream(t *testing.T) {
 	}
 	if st.Requests.Total != 2 || st.Outbox.Pending != 2 || st.Outbox.Published != 2 || st.DeadLetters.NotReplayed != 2 ||
 		count(st.Stats, "ledger_entries") != 2 || count(st.Stats, "payments") != 2 || count(st.Stats, "emails") != 0 ||
-		len(st.Inbox) != 1 || st.Inbox[0].Rows != 2 || st.JetStream != nil {
+		len(st.Inbox) != 1 || st.Inbox[0].Rows != 2 || st.JetStream != nil ||
+		st.Delivery.Unproven != 2 || len(st.Consumers) != 2 {
 		t.Errorf("stats = %+v", st.Stats)
 	}
 	mustContain(t, "stats --json", st.JetStreamError, "no --nats-url and no "+runenv.NATSURLFile)
 
 	out, _, _ = worker(t, "stats", "--database-url", db.URL, "--nats-url=", "--data-dir", dataDir)
 	mustContain(t, "stats", out, "requests", "2 total, 0 running", "2 pending (0 failing), 2 published; oldest pending waits",
-		"2 total, 2 not replayed", "application rows", "payments 2, emails 0, ledger_entries 2", "charges", "jetstream: no --nats-url")
+		"2 total, 2 not replayed", "application rows", "payments 2, emails 0, ledger_entries 2", "charges", "jetstream: no --nats-url",
+		"2 published but not yet consumed by every consumer (0 lagging, 0 unrouted); oldest written", "0 re-driven, 0 given up on",
+		"registered consumers", "audit     IDEM    idem.>")
 
 	// A URL file left by a worker that has stopped: a note, not a failure.
 	if err := os.WriteFile(filepath.Join(dataDir, runenv.NATSURLFile), []byte("nats://127.0.0.1:1\n"), 0o644); err != nil {

@@ -150,6 +150,13 @@ func writeStats(w io.Writer, out statsOutput) {
 		backlog += fmt.Sprintf("; oldest pending waits %s", human(time.Duration(ob.OldestPendingAgeSeconds*float64(time.Second))))
 	}
 	row("outbox", backlog)
+	d := st.Delivery
+	delivery := fmt.Sprintf("%d published but not yet consumed by every consumer (%d lagging, %d unrouted)", d.Unproven, d.Lagging, d.Unrouted)
+	if d.Unproven > 0 {
+		delivery += fmt.Sprintf("; oldest written %s ago", human(d.OldestUnprovenAge))
+	}
+	delivery += fmt.Sprintf("; %d re-driven, %d given up on", d.Redriven, d.Alerted)
+	row("delivery", delivery)
 	row("dead letters", fmt.Sprintf("%d total, %d not replayed", st.DeadLetters.Total, st.DeadLetters.NotReplayed))
 	if len(st.Counts) > 0 {
 		counts := make([]string, len(st.Counts))
@@ -159,6 +166,18 @@ func writeStats(w io.Writer, out statsOutput) {
 		row("application rows", strings.Join(counts, ", "))
 	}
 	tw.Flush()
+
+	p.line(0, "")
+	if len(st.Consumers) == 0 {
+		p.line(0, "registered consumers: none")
+	} else {
+		p.line(0, "registered consumers")
+		row("  consumer", "stream", "filter", "key lifetime", "last seen")
+		for _, c := range st.Consumers {
+			row("  "+c.Name, c.Stream, c.FilterSubject, human(c.KeyLifetime), human(st.AsOf.Sub(c.LastSeen))+" ago")
+		}
+		tw.Flush()
+	}
 
 	p.line(0, "")
 	if len(st.Inbox) == 0 {

@@ -63,6 +63,11 @@ type Config struct {
 	DataDir string
 	// EmbeddedNATSPort is the embedded server's port (default: a free port).
 	EmbeddedNATSPort int
+	// EmbeddedNATSSyncAlways makes the embedded server fsync every write. The
+	// worker sets it only when it runs no reconciler: with one, a write the broker
+	// acknowledged and then lost in a crash is found and re-driven, so JetStream's
+	// default sync interval is safe and several times faster.
+	EmbeddedNATSSyncAlways bool
 	// MaxConns is the pool's size unless the database URL sets pool_max_conns
 	// (default DefaultMaxConns). pgxpool's own default (4 on a small machine) is less
 	// than a worker reserves for its consumers, relay, collector and health checks.
@@ -142,7 +147,7 @@ func Open(ctx context.Context, cfg Config) (_ *Env, err error) {
 	e.NATSURL = cfg.NATSURL
 	if e.NATSURL == "" {
 		store := filepath.Join(dir, "jetstream")
-		ns, err := embeddednats.Start(embeddednats.Config{StoreDir: store, Port: cfg.EmbeddedNATSPort, SyncAlways: true})
+		ns, err := embeddednats.Start(embeddednats.Config{StoreDir: store, Port: cfg.EmbeddedNATSPort, SyncAlways: cfg.EmbeddedNATSSyncAlways})
 		if err != nil {
 			return nil, fmt.Errorf("embedded JetStream: %w", err)
 		}

@@ -90,7 +90,29 @@ type config struct {
 	panicDeadLetter bool
 	soak            bool
 	negative        bool
+
+	// The store runs (store_test.go) set these; their zero values are the other
+	// runs'.
+	natsSyncDefault bool          // nats-server at JetStream's default sync interval, not sync_interval: always
+	reconcileAfter  string        // the workers' --reconcile-after ("": the worker's default; "off": no reconciler)
+	storeFaults     int           // JetStream store damages during the load: wipe, truncate and live wipe in turn (storefault_test.go)
+	noInjections    bool          // no messages published straight to the stream: no poison, marked messages, burst or copies; no raw outbox rows
+	slots           []workerSpec  // the worker topology (nil: topology())
+	lossControl     bool          // the run must lose intents: settle waits for quiescence, not for every effect
+	holdFor         time.Duration // (store runs) how long the consumers may stay down for a backlog to build
 }
+
+// topology is the run's worker slots.
+func (c config) topology() []workerSpec {
+	if c.slots != nil {
+		return c.slots
+	}
+	return topology()
+}
+
+// awaitsProof: the run's relays have a reconciler, and the run waits for it to
+// prove every published intent settled.
+func (c config) awaitsProof() bool { return c.storeFaults > 0 && c.reconcileAfter != "off" }
 
 // ackWait is the consumers' AckWait (worker --ack-wait): short, so that a batch
 // held by a killed worker, and the message that kills its worker every time, come
@@ -238,6 +260,9 @@ type run struct {
 	poison []poison
 	copied map[string]bool // keys of intents whose message was published again
 	direct []directCharge  // charges published straight to the stream
+
+	storeMu sync.Mutex
+	damage  []storeDamage // what the store faults did (storefault_test.go)
 }
 
 // logf logs with the time since the run started.
@@ -329,16 +354,30 @@ func runChaos(t *testing.T, cfg config) figures {
 	if f.doubled > 0 {
 		r.logf("doubled intents by cause: %v", f.doubledBy)
 	}
-	// One write, so the two lines stay together when both tests print at once.
-	fmt.Printf("chaos: run=%s seed=%d elapsed=%s\n%s\n", cfg.name, cfg.seed, time.Since(r.start).Round(time.Second), f)
+	store := ""
+	if cfg.storeFaults > 0 {
+		for _, sf := range f.store.damage {
+			r.logf("store: %s", sf)
+		}
+		if len(f.store.stuck) > 0 {
+			r.logf("store: %d consumer subscriptions stopped for good after a failed recreate (%d of them in incarnations still running at the end; the other workers did their work): %s",
+				len(f.store.stuck), f.store.stuckAtEnd, strings.Join(f.store.stuck, "; "))
+		}
+		store = f.storeLine() + "\n"
+	}
+	// One write, so the lines stay together when several tests print at once.
+	fmt.Printf("chaos: run=%s seed=%d elapsed=%s\n%s\n%s", cfg.name, cfg.seed, time.Since(r.start).Round(time.Second), f, store)
 	t.Log(f.String())
+	if store != "" {
+		t.Log(f.storeLine())
+	}
 	return f
 }
 
 // startWorld starts the run's Postgres, nats-server, the checker's connection and
 // the supervised workers, and waits until every worker is ready.
 func (r *run) startWorld(ctx, load context.Context) error {
-	ports, err := freePorts(2 + len(topology())) // all at once, so no two of ours collide
+	ports, err := freePorts(2 + len(r.cfg.topology())) // all at once, so no two of ours collide
 	if err != nil {
 		return err
 	}
@@ -358,8 +397,11 @@ func (r *run) startWorld(ctx, load context.Context) error {
 	}
 	r.t.Cleanup(r.db.Pool.Close)
 	r.logf("private Postgres ready in %s (port %d)", time.Since(pgStart).Round(100*time.Millisecond), ports[len(ports)-1])
-	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0]); err != nil {
+	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0], r.cfg.natsSyncDefault); err != nil {
 		return err
+	}
+	if r.cfg.natsSyncDefault {
+		r.logf("nats-server at JetStream's default sync interval (no sync_interval: always)")
 	}
 	r.nc, err = nats.Connect(r.nats.URL(), nats.Name("idem-chaos-checker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -374,7 +416,7 @@ func (r *run) startWorld(ctx, load context.Context) error {
 	}
 	r.t.Cleanup(r.smtp.Close)
 
-	for i, spec := range topology() {
+	for i, spec := range r.cfg.topology() {
 		w, err := newWorker(r, spec, ports[1+i], r.child())
 		if err != nil {
 			return err
@@ -442,6 +484,9 @@ func (r *run) planLoad() error {
 	r.oversize = big
 	r.events = planFaults(r.child(), r.cfg.randomFaults, r.cfg.duration, len(r.workers), len(r.lanes))
 	r.events = append(r.events, planOutages(r.child(), r.cfg.outages, r.cfg.duration)...)
+	if r.cfg.storeFaults > 0 {
+		r.events = append(r.events, planStoreFaults(r.child(), r.cfg.storeFaults, r.cfg.duration)...)
+	}
 	slices.SortFunc(r.events, func(a, b event) int { return int(a.at - b.at) })
 	for _, e := range r.events {
 		r.logf("schedule: %s", e)
@@ -461,9 +506,13 @@ func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
 	for i := range bigAt {
 		bigAt[i] = r.cfg.duration * time.Duration(2*i+1) / time.Duration(2*len(bigAt))
 	}
-	r.logf("schedule: @%s marked messages (Idem-Fault: panic, kill) in a burst of %d charges", markedAt.Round(time.Millisecond), r.cfg.burst)
-	r.logf("schedule: @%s poison, copies and %d raw oversize outbox rows", poisonAt.Round(time.Millisecond), r.cfg.rawOversize)
-	r.logf("schedule: oversize presses (%d bytes) at %v", oversizeBodyBytes, bigAt)
+	if !r.cfg.noInjections {
+		r.logf("schedule: @%s marked messages (Idem-Fault: panic, kill) in a burst of %d charges", markedAt.Round(time.Millisecond), r.cfg.burst)
+		r.logf("schedule: @%s poison, copies and %d raw oversize outbox rows", poisonAt.Round(time.Millisecond), r.cfg.rawOversize)
+	}
+	if len(bigAt) > 0 {
+		r.logf("schedule: oversize presses (%d bytes) at %v", oversizeBodyBytes, bigAt)
+	}
 
 	var errs errList
 	start := time.Now()
@@ -502,10 +551,13 @@ func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
 		case <-ctx.Done():
 		}
 	}
-	others.Add(3)
+	others.Add(1)
 	go func() { defer others.Done(); errs.add(r.inject(ctx, load, start, r.events)) }()
-	go at(poisonAt, func() { injected(r.injectPoison(ctx, poisonRNG)) })
-	go at(markedAt, func() { injectedDirect(r.injectMarked(ctx, markedRNG)) })
+	if !r.cfg.noInjections {
+		others.Add(2)
+		go at(poisonAt, func() { injected(r.injectPoison(ctx, poisonRNG)) })
+		go at(markedAt, func() { injectedDirect(r.injectMarked(ctx, markedRNG)) })
+	}
 	lanes.Wait()
 	endLoad()
 	others.Wait()

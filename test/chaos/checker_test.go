@@ -42,6 +42,7 @@ type figures struct {
 	resends        int            // SMTP re-sends with the same Message-ID, folded by the mail system
 	doubledBy      map[string]int // why a doubled intent was delivered again, as far as the suite knows
 	smtpDeliveries int            // raw messages the mail sink accepted
+	store          storeFigures   // the store runs' (store_test.go)
 }
 
 func (f figures) String() string {
@@ -81,13 +82,15 @@ func (f figures) missingFaults(cfg config) []string {
 	if n := f.faultsByKind["outage-pg"]; n < cfg.outages {
 		ps = append(ps, fmt.Sprintf("%d of %d Postgres outages happened", n, cfg.outages))
 	}
-	if f.faultsByKind["marked-kill"] == 0 {
-		ps = append(ps, "the message marked Idem-Fault: kill never killed a worker")
+	if !cfg.noInjections {
+		if f.faultsByKind["marked-kill"] == 0 {
+			ps = append(ps, "the message marked Idem-Fault: kill never killed a worker")
+		}
+		if f.faultsByKind["marked-panic"] == 0 {
+			ps = append(ps, "the message marked Idem-Fault: panic never made its handler panic")
+		}
 	}
-	if f.faultsByKind["marked-panic"] == 0 {
-		ps = append(ps, "the message marked Idem-Fault: panic never made its handler panic")
-	}
-	return ps
+	return append(ps, f.storeMissing(cfg)...)
 }
 
 // journal is every intent the clients made, split by kind.
@@ -147,19 +150,29 @@ func (r *run) waitFor(ctx context.Context, timeout time.Duration, what string, c
 // the inbox is on, an inbox row; every poison message has been dealt with; and the
 // durable consumers have nothing pending or unacknowledged (so no redelivery is
 // still on its way). A lost intent makes this time out; the checker then reports it.
+//
+// A run whose reconciler is to prove delivery (awaitsProof) also waits until it
+// has: no published row is still unproven (completed_at and alerted_at NULL). A
+// run that must lose intents (lossControl) cannot settle: it waits for quiescence
+// instead.
 func (r *run) settle(ctx context.Context, j journal) error {
+	if r.cfg.lossControl {
+		return r.quiesce(ctx)
+	}
 	mailIDs := make([]string, len(j.emails))
 	for i, k := range j.emails {
 		mailIDs[i] = refapp.MessageID(k)
 	}
 	return r.waitFor(ctx, r.cfg.settle, "the run to settle", func() (bool, string, error) {
-		var unpublished, charged, chargesInbox, emailsInbox, dead int
+		var unpublished, charged, chargesInbox, emailsInbox, dead, unproven int
 		err := r.db.Pool.QueryRow(ctx, `
 SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL),
        (SELECT count(DISTINCT idempotency_key) FROM ledger_entries WHERE idempotency_key = ANY($1)),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'charges'),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'emails' AND status = 'done'),
-       (SELECT count(*) FROM idem_dead_letters)`, j.charges).Scan(&unpublished, &charged, &chargesInbox, &emailsInbox, &dead)
+       (SELECT count(*) FROM idem_dead_letters),
+       (SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL)`,
+			j.charges).Scan(&unpublished, &charged, &chargesInbox, &emailsInbox, &dead, &unproven)
 		if err != nil {
 			return false, "", err
 		}
@@ -172,6 +185,9 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_let
 		var missing []string
 		if unpublished > 0 {
 			missing = append(missing, fmt.Sprintf("%d outbox rows neither published nor dead-lettered", unpublished))
+		}
+		if r.cfg.awaitsProof() && unproven > 0 {
+			missing = append(missing, fmt.Sprintf("%d published outbox rows not yet proven settled by the reconciler", unproven))
 		}
 		if charged < len(j.charges) {
 			missing = append(missing, fmt.Sprintf("%d of %d charges without a ledger row", len(j.charges)-charged, len(j.charges)))
@@ -217,6 +233,36 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_let
 			}
 		}
 		return len(missing) == 0, strings.Join(missing, "; "), nil
+	})
+}
+
+// quiesce waits, for a run that must lose intents (lossControl), until nothing is
+// left in flight: every outbox row published (or dead-lettered) and both durable
+// consumers with nothing pending and nothing unacknowledged, for 2s in a row.
+// What has no effect by then has none coming: nothing re-drives it. A run that
+// never comes to rest times out, and the checker counts anyway.
+func (r *run) quiesce(ctx context.Context) error {
+	quiet := 0
+	return r.waitFor(ctx, r.cfg.settle, "the run to come to rest (it cannot settle: it loses intents)", func() (bool, string, error) {
+		var unpublished int
+		if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL`).Scan(&unpublished); err != nil {
+			return false, "", err
+		}
+		var busy []string
+		if unpublished > 0 {
+			busy = append(busy, fmt.Sprintf("%d outbox rows neither published nor dead-lettered", unpublished))
+		}
+		for _, name := range []string{refapp.ChargeConsumer, refapp.EmailConsumer} {
+			if m := r.consumerBusy(ctx, name, 0); m != "" {
+				busy = append(busy, m)
+			}
+		}
+		if len(busy) > 0 {
+			quiet = 0
+			return false, strings.Join(busy, "; "), nil
+		}
+		quiet++
+		return quiet >= 10, "quiet for a moment only", nil // 10 polls of 200ms
 	})
 }
 
@@ -305,19 +351,27 @@ func (r *run) check(ctx context.Context, j journal) (figures, error) {
 	// that was charged a redelivered attempt had a worker die under it (the one the
 	// kill-marked message took down, or a fault's). checkCharges has already
 	// counted whether each took effect exactly once.
-	var redelivered int
-	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_attempts WHERE consumer = $1 AND key = ANY($2)`,
-		refapp.ChargeConsumer, j.direct).Scan(&redelivered); err != nil {
-		return f, fmt.Errorf("read the burst's attempts: %w", err)
+	if !r.cfg.noInjections {
+		var redelivered int
+		if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_attempts WHERE consumer = $1 AND key = ANY($2)`,
+			refapp.ChargeConsumer, j.direct).Scan(&redelivered); err != nil {
+			return f, fmt.Errorf("read the burst's attempts: %w", err)
+		}
+		f.marked = append(f.marked, fmt.Sprintf("their burst: %d charges, %d of them redelivered after a worker died under them", len(j.direct), redelivered))
 	}
-	f.marked = append(f.marked, fmt.Sprintf("their burst: %d charges, %d of them redelivered after a worker died under them", len(j.direct), redelivered))
 	// A diagnostic, not a verdict: rows the relay charged a failed publish before
 	// it got one through. A publish is charged only when the broker answers (one
 	// that fails while the broker is down costs nothing), so these are failures
-	// the relay blamed on the row.
-	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*), COALESCE(max(attempts), 0) FROM idem_outbox WHERE published_at IS NOT NULL AND attempts > 1`).
+	// the relay blamed on the row. A row the reconciler re-drove was published
+	// once per generation, each publish counted in attempts.
+	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*), COALESCE(max(attempts), 0) FROM idem_outbox WHERE published_at IS NOT NULL AND attempts > generation + 1`).
 		Scan(&f.relayCharged, &f.relayMostTries); err != nil {
 		return f, fmt.Errorf("read the outbox's attempts: %w", err)
+	}
+	if r.cfg.storeFaults > 0 {
+		if err := r.checkStore(ctx, &f); err != nil {
+			return f, err
+		}
 	}
 	return f, r.countFromLogs(&f)
 }
@@ -608,6 +662,12 @@ func (r *run) countFromLogs(f *figures) error {
 	f.faultsByKind["terminate-pg"] = int(r.faults.pgTerminations.Load())
 	f.faultsByKind["sigkill-client"] = int(r.faults.clientKills.Load())
 	f.faultsByKind["outage-pg"] = int(r.faults.pgOutages.Load())
+	if r.cfg.storeFaults > 0 {
+		f.faultsByKind["wipe-nats-store"] = int(r.faults.storeWipes.Load())
+		f.faultsByKind["wipe-nats-store-live"] = int(r.faults.storeWipesLive.Load())
+		f.faultsByKind["truncate-nats-block"] = int(r.faults.storeTruncs.Load())
+		f.faultsByKind["hold-consumers"] = int(r.faults.holdKills.Load())
+	}
 	f.faultsByKind["marked-kill"] = counts[markedKill]
 	f.faultsByKind["marked-panic"] = counts[markedPanic]
 	for _, n := range f.faultsByKind {

@@ -24,12 +24,23 @@ const (
 )
 
 // outagePG stops the run's Postgres server for 15-20s in the middle of the load and
-// starts it again (planOutages).
-const outagePG = numFaultKinds
+// starts it again (planOutages). wipeStore and truncateStore damage the JetStream
+// store while nats-server is dead, with a backlog of unconsumed messages in it;
+// wipeStoreLive wipes it under running consumers (planStoreFaults,
+// storefault_test.go).
+const (
+	outagePG      = numFaultKinds
+	wipeStore     = numFaultKinds + 1
+	truncateStore = numFaultKinds + 2
+	wipeStoreLive = numFaultKinds + 3 // a wipe with the consumers running: they must recreate their durable consumers themselves
+)
 
 func (k faultKind) String() string {
-	return [...]string{"kill-worker", "restart-nats", "terminate-pg", "kill-client", "outage-pg"}[k]
+	return [...]string{"kill-worker", "restart-nats", "terminate-pg", "kill-client", "outage-pg", "wipe-nats-store", "truncate-nats-block", "wipe-nats-store-live"}[k]
 }
+
+// holdsConsumers: the store fault holds the consumers down for a backlog first.
+func (k faultKind) holdsConsumers() bool { return k == wipeStore || k == truncateStore }
 
 // event is one scheduled fault.
 type event struct {
@@ -49,6 +60,10 @@ func (e event) String() string {
 		return fmt.Sprintf("@%s %s lane %d (%s after start)", e.at.Round(time.Millisecond), e.kind, e.target, e.pause)
 	case killWorker:
 		return fmt.Sprintf("@%s %s #%d", e.at.Round(time.Millisecond), e.kind, e.target)
+	case wipeStore, truncateStore:
+		return fmt.Sprintf("@%s %s (consumers held down for a backlog first)", e.at.Round(time.Millisecond), e.kind)
+	case wipeStoreLive:
+		return fmt.Sprintf("@%s %s (consumers running)", e.at.Round(time.Millisecond), e.kind)
 	}
 	return fmt.Sprintf("@%s %s", e.at.Round(time.Millisecond), e.kind)
 }
@@ -107,6 +122,10 @@ type faultCounts struct {
 	pgTerminations atomic.Int64 // rounds that terminated at least one connection
 	clientKills    atomic.Int64 // enqueue processes that really died of the SIGKILL
 	pgOutages      atomic.Int64 // Postgres stopped and started again
+	storeWipes     atomic.Int64 // JetStream stores deleted while nats-server was dead (consumers held down)
+	storeWipesLive atomic.Int64 // the same with the consumers running
+	storeTruncs    atomic.Int64 // last message blocks truncated while nats-server was dead
+	holdKills      atomic.Int64 // consumer workers SIGKILLed to hold the consumers down
 }
 
 // inject runs the schedule until the load ends (ctx lives as long as the run). The
@@ -166,6 +185,10 @@ schedule:
 			r.logf("fault: pg_terminate_backend on %d idem-worker connections", n)
 		case killClient:
 			r.lanes[e.target].armKill(e.pause)
+		case wipeStore, truncateStore, wipeStoreLive:
+			if err := r.storeFault(ctx, e); err != nil {
+				return err
+			}
 		}
 	}
 	wg.Wait()

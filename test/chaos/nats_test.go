@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,17 +29,29 @@ type natsServer struct {
 	starts int
 }
 
-// natsConf makes JetStream fsync every write, as docker-compose.yml does for
-// production: the default (a sync every 2 minutes) lets a crash of the machine drop
-// messages the server already acknowledged, which is not the failure under test.
-const natsConf = "jetstream {\n  sync_interval: always\n}\n"
+// natsConfSyncAlways makes JetStream fsync every write, as docker-compose.yml does
+// for production: the default (a sync every 2 minutes) lets a crash of the machine
+// drop messages the server already acknowledged, which is not the failure most runs
+// test. natsConfSyncDefault leaves the interval at that default: the store runs
+// (store_test.go) lose acknowledged writes on purpose, and the reconciler must
+// re-drive them.
+const (
+	natsConfSyncAlways  = "jetstream {\n  sync_interval: always\n}\n"
+	natsConfSyncDefault = "jetstream {\n  # sync_interval left at its default (2m)\n}\n"
+)
 
-func startNATS(ps *procs, dir string, port int) (*natsServer, error) {
+// startNATS starts nats-server with its store under dir; syncDefault leaves
+// JetStream's fsync interval at its default instead of forcing a sync per write.
+func startNATS(ps *procs, dir string, port int, syncDefault bool) (*natsServer, error) {
 	n := &natsServer{ps: ps, port: port, storeDir: filepath.Join(dir, "store"), conf: filepath.Join(dir, "nats.conf")}
 	if err := os.MkdirAll(n.storeDir, 0o755); err != nil {
 		return nil, fmt.Errorf("chaos: nats store dir: %w", err)
 	}
-	if err := os.WriteFile(n.conf, []byte(natsConf), 0o644); err != nil {
+	conf := natsConfSyncAlways
+	if syncDefault {
+		conf = natsConfSyncDefault
+	}
+	if err := os.WriteFile(n.conf, []byte(conf), 0o644); err != nil {
 		return nil, fmt.Errorf("chaos: nats config: %w", err)
 	}
 	log, err := ps.openLog("nats-server")
@@ -104,15 +117,36 @@ func jetStreamAnswers(url string) error {
 // crash is kill -9, a pause of down (the fault schedule's outage), and a restart on
 // the same port and store.
 func (n *natsServer) crash(ctx context.Context, down time.Duration) error {
+	return n.crashWith(ctx, down, "", nil)
+}
+
+// crashWith is crash with damage done to the store while the server is dead:
+// mutate runs after the kill -9 has been reaped and before the restart (what was
+// done is logged as what). The server is restarted even when mutate fails.
+func (n *natsServer) crashWith(ctx context.Context, down time.Duration, what string, mutate func() error) error {
 	n.mu.Lock()
 	p := n.p
 	n.mu.Unlock()
 	p.kill()
 	<-p.done
 	fmt.Fprintf(n.log, "=== chaos: nats-server %s; down for %s\n", p.outcome(), down)
+	var merr error
+	if mutate != nil {
+		merr = mutate()
+		fmt.Fprintf(n.log, "=== chaos: store damaged while nats-server was down: %s (err %v)\n", what, merr)
+	}
 	select {
 	case <-time.After(down):
 	case <-ctx.Done():
 	}
-	return n.start()
+	if err := n.start(); err != nil {
+		return errors.Join(merr, err)
+	}
+	return merr
+}
+
+// streamMsgsDir is where the file store keeps stream's message blocks (account $G,
+// the one an unconfigured server has).
+func (n *natsServer) streamMsgsDir(stream string) string {
+	return filepath.Join(n.storeDir, "jetstream", "$G", "streams", stream, "msgs")
 }

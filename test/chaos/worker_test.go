@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -48,7 +49,9 @@ type worker struct {
 	mu          sync.Mutex
 	cur         *proc
 	incarnation int
-	armed       int // incarnations started with a fault point
+	armed       int           // incarnations started with a fault point
+	held        bool          // hold: the slot stays down until release
+	released    chan struct{} // closed by release
 
 	// Used by the supervisor goroutine only: the fault point the running
 	// incarnation was armed with ("point=kill@K", or ""), how often the slot's log
@@ -142,14 +145,21 @@ func (w *worker) fired(spec string) int {
 }
 
 // supervise runs incarnations until ctx ends; load is done when the load phase is
-// over (no more arming).
+// over (no more arming). While the slot is held it starts nothing.
 func (w *worker) supervise(ctx, load context.Context) {
 	for ctx.Err() == nil {
+		if !w.waitReleased(ctx) {
+			return
+		}
 		faults := w.nextFaults(load.Err() == nil)
 		if w.armedWith != "" {
 			w.firedBefore = w.fired(w.armedWith)
 		}
 		p, err := w.start(faults)
+		if errors.Is(err, errHeld) {
+			w.carry = w.armedWith // held between the wait and the start: arm the next one
+			continue
+		}
 		if err != nil {
 			w.r.logf("worker %s: %v", w.spec.name, err)
 			w.carry = w.armedWith
@@ -178,14 +188,18 @@ func (w *worker) supervise(ctx, load context.Context) {
 	}
 }
 
+// errHeld: the slot is held; start started nothing.
+var errHeld = errors.New("chaos: worker slot held")
+
 func (w *worker) start(faults string) (*proc, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.held {
+		return nil, errHeld
+	}
 	w.incarnation++
 	fmt.Fprintf(w.log, "=== chaos: worker %s incarnation #%d roles=%s IDEM_FAULTS=%s\n", w.spec.name, w.incarnation, w.spec.roles, faults)
-	p, err := w.r.procs.start("worker-"+w.spec.name, w.log, nil,
-		[]string{"IDEM_FAULTS=" + faults},
-		workerBin,
+	args := []string{
 		"--database-url", w.r.db.URL,
 		"--nats-url", w.r.nats.URL(),
 		"--http-addr", w.httpAddr,
@@ -195,7 +209,12 @@ func (w *worker) start(faults string) (*proc, error) {
 		"--log-level", "debug", // duplicates folded and replays are logged at debug
 		"--shutdown-timeout", "5s",
 		"--ack-wait", ackWait.String(),
-	)
+	}
+	if w.r.cfg.reconcileAfter != "" {
+		args = append(args, "--reconcile-after", w.r.cfg.reconcileAfter)
+	}
+	p, err := w.r.procs.start("worker-"+w.spec.name, w.log, nil,
+		[]string{"IDEM_FAULTS=" + faults}, workerBin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +232,51 @@ func (w *worker) kill() bool {
 	}
 	p.kill()
 	return true
+}
+
+// hold SIGKILLs the running incarnation, if any, and keeps the slot down until
+// release: the supervisor starts nothing meanwhile. It returns once no incarnation
+// of the slot is alive, and whether it killed one.
+func (w *worker) hold() bool {
+	w.mu.Lock()
+	if !w.held {
+		w.held, w.released = true, make(chan struct{})
+	}
+	p := w.cur
+	w.mu.Unlock()
+	if p == nil || p.exited() {
+		return false
+	}
+	p.kill()
+	<-p.done
+	return true
+}
+
+// release lets the supervisor start the slot again.
+func (w *worker) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.held {
+		w.held = false
+		close(w.released)
+	}
+}
+
+// waitReleased returns true at once when the slot is not held, else when it is
+// released; false when ctx ends first.
+func (w *worker) waitReleased(ctx context.Context) bool {
+	w.mu.Lock()
+	held, released := w.held, w.released
+	w.mu.Unlock()
+	if !held {
+		return true
+	}
+	select {
+	case <-released:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // ready reports whether the worker answers /readyz (Postgres and NATS reachable).

@@ -1,0 +1,428 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgschema"
+)
+
+// Outcomes of the reconciler's Events (Component idem.ComponentReconciler), one
+// event per pass and outcome that occurred, Count rows.
+const (
+	// OutcomeCompleted: rows proven settled by every consumer that should see them.
+	OutcomeCompleted = "completed"
+	// OutcomeLagging: rows still in the stream, not yet settled by some consumer.
+	OutcomeLagging = "lagging"
+	// OutcomeUnrouted: rows no registered consumer reads.
+	OutcomeUnrouted = "unrouted"
+	// OutcomeRedriven: rows the stream lost, handed back to the relay under a new
+	// Msg-Id generation.
+	OutcomeRedriven = "redriven"
+	// OutcomeAlerted: rows past every horizon, given up on and dead-lettered.
+	OutcomeAlerted = "alerted"
+)
+
+// DefaultAfter is how long a published intent may stay unsettled before the
+// reconciler looks for it in the stream (the worker's --reconcile-after).
+const DefaultAfter = 5 * time.Minute
+
+// Config configures a Reconciler. Stream is required; the zero value of every other
+// field means its default.
+type Config struct {
+	// Schema is the Postgres schema of the idem_* tables (default "public").
+	Schema string
+	// Stream is the stream whose published rows this reconciler proves. Rows the
+	// relay published into another stream are left to that stream's reconciler.
+	Stream string
+	// After is how long after its publish an unsettled row is judged (default
+	// DefaultAfter): until then it is simply in flight. A lagging row is looked at
+	// in the stream again one After later, not on every pass.
+	After time.Duration
+	// Interval between passes (default 30s, or After when shorter). Rows are
+	// proven complete on every pass, so it is also how soon a settled row's
+	// retention starts.
+	Interval time.Duration
+	// BatchSize is the most rows judged per transaction (default 500).
+	BatchSize int
+	// Retention is how long a completed or alerted row is kept as evidence before
+	// the collector may delete it (default 72h).
+	Retention time.Duration
+	// UnroutedHorizon is how long a row no registered consumer reads is waited
+	// for (a consumer may be deployed late) before it is given up on and
+	// dead-lettered under outbox.RelayConsumer (default 72h).
+	UnroutedHorizon time.Duration
+	// Margin is subtracted from a consumer's key lifetime to make the horizon past
+	// which a lost row is no longer re-driven but alerted (default 1h, at most a
+	// quarter of the lifetime): past it, the consumer's inbox may have forgotten
+	// that it settled the key, and a re-drive could run its effect twice.
+	Margin time.Duration
+	// Trusted are subject filters whose rows are complete once published, as
+	// before proof existed: for subjects read by consumers whose inbox lives in
+	// another database (see docs/ARCHITECTURE.md, "Consumers in other
+	// databases"), which the reconciler cannot see.
+	Trusted []string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Observer is told each pass's outcomes.
+	Observer idem.Observer
+}
+
+func (c Config) validate() error {
+	if err := pgschema.Validate(c.Schema); err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	if c.Stream == "" {
+		return errors.New("reconcile: Stream is required")
+	}
+	for _, f := range c.Trusted {
+		if err := idem.ValidateFilter(f); err != nil {
+			return fmt.Errorf("reconcile: Trusted: %w", err)
+		}
+	}
+	if c.After < 0 || c.Interval < 0 || c.Retention < 0 || c.UnroutedHorizon < 0 || c.Margin < 0 || c.BatchSize < 0 {
+		return errors.New("reconcile: durations and BatchSize must not be negative")
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.After == 0 {
+		c.After = DefaultAfter
+	}
+	if c.Interval == 0 {
+		c.Interval = min(30*time.Second, c.After)
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = 500
+	}
+	if c.Retention == 0 {
+		c.Retention = 72 * time.Hour
+	}
+	if c.UnroutedHorizon == 0 {
+		c.UnroutedHorizon = 72 * time.Hour
+	}
+	if c.Margin == 0 {
+		c.Margin = time.Hour
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Reconciler proves published intents complete and re-drives what the stream lost;
+// see the package documentation.
+type Reconciler struct {
+	pool    *pgxpool.Pool
+	js      jetstream.JetStream
+	cfg     Config
+	log     *slog.Logger
+	q       queries
+	channel string
+}
+
+// New returns a reconciler. It does not touch the database or the broker until
+// Run or Pass.
+func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Reconciler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if pool == nil || js == nil {
+		return nil, errors.New("reconcile: a pgx pool and a JetStream context are required")
+	}
+	cfg = cfg.withDefaults()
+	return &Reconciler{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "reconciler"),
+		q: newQueries(cfg.Schema), channel: pgschema.Channel(cfg.Schema, "idem_outbox")}, nil
+}
+
+// Config returns the configuration with defaults filled in.
+func (r *Reconciler) Config() Config { return r.cfg }
+
+// Run makes a pass every Interval until ctx ends. A failed pass (the database or
+// the broker is down) is logged and tried again at the next interval: nothing is
+// lost by waiting, the rows stay unproven.
+func (r *Reconciler) Run(ctx context.Context) error {
+	r.log.InfoContext(ctx, "reconciler started", "stream", r.cfg.Stream, "after", r.cfg.After, "interval", r.cfg.Interval)
+	t := time.NewTicker(r.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := r.Pass(ctx); err != nil && ctx.Err() == nil {
+			r.log.WarnContext(ctx, "reconcile pass failed; trying again next interval", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Report counts what one pass did.
+type Report struct {
+	// Checked rows: published and not yet proven when the pass began.
+	Checked int
+	// Completed, Lagging, Unrouted, Redriven and Alerted are the verdicts (see the
+	// Outcome constants); rows younger than After and still unsettled get none.
+	Completed, Lagging, Unrouted, Redriven, Alerted int
+}
+
+func (p *Report) add(q Report) {
+	p.Checked += q.Checked
+	p.Completed += q.Completed
+	p.Lagging += q.Lagging
+	p.Unrouted += q.Unrouted
+	p.Redriven += q.Redriven
+	p.Alerted += q.Alerted
+}
+
+// Pass judges every unproven row of the stream once, a batch per transaction, and
+// returns what it did.
+func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
+	var total Report
+	consumers, err := Registered(ctx, r.pool, r.cfg.Schema)
+	if err != nil {
+		return total, err
+	}
+	s := &streamView{js: r.js, name: r.cfg.Stream}
+	var after int64
+	for {
+		rep, last, err := r.batch(ctx, consumers, s, after)
+		total.add(rep)
+		if err != nil {
+			return total, err
+		}
+		if last == 0 {
+			break
+		}
+		after = last
+	}
+	for outcome, n := range map[string]int{OutcomeCompleted: total.Completed, OutcomeLagging: total.Lagging,
+		OutcomeUnrouted: total.Unrouted, OutcomeRedriven: total.Redriven, OutcomeAlerted: total.Alerted} {
+		if n > 0 {
+			r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentReconciler, Outcome: outcome, Count: n})
+		}
+	}
+	if total.Redriven > 0 {
+		r.log.WarnContext(ctx, "reconcile: re-drove intents the stream lost", "rows", total.Redriven)
+	}
+	return total, nil
+}
+
+// unproven is one row the pass judges.
+type unproven struct {
+	id                int64
+	key, subject      string
+	msgID, replayFor  string
+	seq               int64
+	generation        int
+	age               time.Duration // since created, by the database's clock
+	due               bool          // published at least After ago
+	lookInStream      bool          // not looked for in the stream for After
+	expected, missing []Consumer    // who should settle it; who has not
+}
+
+// batch judges up to BatchSize rows with ids above after, in one transaction, and
+// returns the last id it saw (0 when there were none).
+func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamView, after int64) (Report, int64, error) {
+	var rep Report
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		return rep, 0, fmt.Errorf("reconcile: begin: %w", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
+
+	rows, err := r.load(ctx, tx, after)
+	if err != nil || len(rows) == 0 {
+		return rep, 0, err
+	}
+	rep.Checked = len(rows)
+	if err := r.settle(ctx, tx, consumers, rows); err != nil {
+		return rep, 0, err
+	}
+
+	var complete, lag, unrouted []int64
+	var redriveIDs []int64
+	var redriveFor []string
+	var alertIDs []int64
+	var alertFor, alertWhy []string
+	var alertHorizon []time.Duration
+	for _, u := range rows {
+		switch {
+		case idem.SubjectUnder(r.cfg.Trusted, u.subject):
+			complete = append(complete, u.id)
+			continue
+		case len(u.expected) > 0 && len(u.missing) == 0:
+			complete = append(complete, u.id)
+			continue
+		case !u.due:
+			continue // in flight
+		case len(u.expected) == 0:
+			if u.age >= r.cfg.UnroutedHorizon {
+				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, relayConsumer), append(alertHorizon, 0)
+				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: no registered consumer reads %s on stream %s; waited %s", u.subject, r.cfg.Stream, r.cfg.UnroutedHorizon))
+				continue
+			}
+			unrouted = append(unrouted, u.id)
+			continue
+		}
+		if past := r.pastHorizon(u); len(past) > 0 {
+			for _, c := range u.missing {
+				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, c.Name), append(alertHorizon, c.KeyLifetime)
+				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: published but never settled by %s before its key lifetime (%s) ran out; a re-drive could run the effect twice", c.Name, c.KeyLifetime))
+			}
+			continue
+		}
+		if !u.lookInStream {
+			continue // looked at lately: still lagging
+		}
+		gone, why, err := s.lost(ctx, u)
+		if err != nil {
+			return rep, 0, err
+		}
+		if !gone {
+			lag = append(lag, u.id)
+			continue
+		}
+		for _, c := range u.missing {
+			redriveIDs, redriveFor = append(redriveIDs, u.id), append(redriveFor, c.Name)
+		}
+		r.log.DebugContext(ctx, "reconcile: lost by the stream; re-driving", "key", u.key, "subject", u.subject, "seq", u.seq, "why", why)
+	}
+
+	if len(complete) > 0 {
+		if _, err := tx.Exec(ctx, r.q.complete, complete, r.cfg.Retention); err != nil {
+			return rep, 0, fmt.Errorf("reconcile: complete: %w", err)
+		}
+	}
+	for verdict, ids := range map[string][]int64{"lag": lag, "unrouted": unrouted} {
+		if len(ids) > 0 {
+			if _, err := tx.Exec(ctx, r.q.verdict, ids, verdict); err != nil {
+				return rep, 0, fmt.Errorf("reconcile: mark %s: %w", verdict, err)
+			}
+		}
+	}
+	redriven := 0
+	if len(redriveIDs) > 0 {
+		rs, err := tx.Query(ctx, r.q.redrive, redriveIDs, redriveFor, "reconcile: the stream lost it; re-driven")
+		if err != nil {
+			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
+		}
+		ids, err := pgx.CollectRows(rs, pgx.RowTo[int64])
+		if err != nil {
+			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
+		}
+		if redriven = len(ids); redriven > 0 {
+			if _, err := tx.Exec(ctx, sqlNotify, r.channel); err != nil {
+				return rep, 0, fmt.Errorf("reconcile: re-drive: notify: %w", err)
+			}
+		}
+	}
+	if len(alertIDs) > 0 {
+		if _, err := tx.Exec(ctx, r.q.alert, alertIDs, alertFor, alertWhy, alertHorizon, r.cfg.Retention); err != nil {
+			return rep, 0, fmt.Errorf("reconcile: alert: %w", err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return rep, 0, fmt.Errorf("reconcile: commit: %w", err)
+	}
+	for i, id := range alertIDs {
+		if i == 0 || alertIDs[i-1] != id {
+			r.log.ErrorContext(ctx, "reconcile: an intent was never settled and is past every horizon; dead-lettered", "outbox_id", id, "consumer", alertFor[i], "reason", alertWhy[i])
+		}
+	}
+	rep.Completed, rep.Lagging, rep.Unrouted, rep.Redriven = len(complete), len(lag), len(unrouted), redriven
+	rep.Alerted = countDistinct(alertIDs)
+	return rep, rows[len(rows)-1].id, nil
+}
+
+// relayConsumer is outbox.RelayConsumer (not imported, to keep the packages apart):
+// the dead letters of rows that no consumer ever took, replayed to every consumer.
+const relayConsumer = "(relay)"
+
+func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unproven, error) {
+	rs, err := tx.Query(ctx, r.q.unproven, r.cfg.Stream, after, r.cfg.After, r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: load: %w", err)
+	}
+	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (*unproven, error) {
+		u := &unproven{}
+		var age float64
+		err := row.Scan(&u.id, &u.key, &u.subject, &u.msgID, &u.replayFor, &u.seq, &u.generation, &age, &u.due, &u.lookInStream)
+		u.age = time.Duration(age * float64(time.Second))
+		return u, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: load: %w", err)
+	}
+	return out, nil
+}
+
+// settle fills each row's expected and missing consumers: who should see it, and
+// who has not settled it.
+func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer, rows []*unproven) error {
+	var names, keys []string
+	for _, u := range rows {
+		u.expected = Expected(consumers, r.cfg.Stream, u.subject, u.replayFor)
+		for _, c := range u.expected {
+			names, keys = append(names, c.Name), append(keys, u.key)
+		}
+	}
+	settled := map[[2]string]bool{}
+	if len(names) > 0 {
+		rs, err := tx.Query(ctx, r.q.settled, names, keys)
+		if err != nil {
+			return fmt.Errorf("reconcile: proof: %w", err)
+		}
+		pairs, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) ([2]string, error) {
+			var p [2]string
+			err := row.Scan(&p[0], &p[1])
+			return p, err
+		})
+		if err != nil {
+			return fmt.Errorf("reconcile: proof: %w", err)
+		}
+		for _, p := range pairs {
+			settled[p] = true
+		}
+	}
+	for _, u := range rows {
+		for _, c := range u.expected {
+			if !settled[[2]string{c.Name, u.key}] {
+				u.missing = append(u.missing, c)
+			}
+		}
+	}
+	return nil
+}
+
+// pastHorizon returns the missing consumers whose inbox may already have forgotten
+// the key: re-driving to them could run the effect twice.
+func (r *Reconciler) pastHorizon(u *unproven) []Consumer {
+	var past []Consumer
+	for _, c := range u.missing {
+		margin := min(r.cfg.Margin, c.KeyLifetime/4)
+		if u.age >= c.KeyLifetime-margin {
+			past = append(past, c)
+		}
+	}
+	return past
+}
+
+func countDistinct(sortedIDs []int64) int {
+	n := 0
+	for i, id := range sortedIDs {
+		if i == 0 || sortedIDs[i-1] != id {
+			n++
+		}
+	}
+	return n
+}
