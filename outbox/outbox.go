@@ -62,6 +62,7 @@ type Outbox struct {
 	cfg     Config
 	q       queries
 	channel string
+	wake    waker
 }
 
 // New returns an Outbox.
@@ -103,39 +104,77 @@ func (o *Outbox) Republish(ctx context.Context, tx pgx.Tx, generation string, ms
 }
 
 func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, generation string) error {
-	if len(msgs) == 0 {
-		return nil
+	rows, err := o.prepare(ctx, msgs, generation)
+	if err != nil || rows == nil {
+		return err
 	}
-	keys := make([]string, len(msgs))
-	subjects := make([]string, len(msgs))
-	msgIDs := make([]string, len(msgs))
-	headers := make([]string, len(msgs))
-	payloads := make([][]byte, len(msgs))
-	for i, m := range msgs {
-		if err := o.check(m); err != nil {
-			return fmt.Errorf("outbox: enqueue message %d: %w", i, err)
-		}
-		h := withTraceContext(ctx, m.Headers)
-		hj, err := json.Marshal(h)
-		if err != nil {
-			return fmt.Errorf("outbox: enqueue: encode headers: %w", err)
-		}
-		keys[i], subjects[i], msgIDs[i] = m.Key, m.Subject, idem.MsgID(m.Subject, m.Key)
-		if generation != "" {
-			msgIDs[i] += " " + generation
-		}
-		if size := wireSize(m.Key, msgIDs[i], o.cfg.Stream, h, m.Payload); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
-			return fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.cfg.MaxPayload)
-		}
-		headers[i], payloads[i] = string(hj), m.Payload
-	}
-	if _, err := tx.Exec(ctx, o.q.enqueue, keys, subjects, msgIDs, headers, payloads); err != nil {
+	if _, err := tx.Exec(ctx, o.q.enqueue, rows.args()...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	if _, err := tx.Exec(ctx, sqlNotify, o.channel); err != nil {
 		return fmt.Errorf("outbox: enqueue: notify: %w", err)
 	}
 	return nil
+}
+
+// AddToBatch is Enqueue for a caller that pipelines its statements: it checks msgs
+// at once (the same refusals as Enqueue, with nothing written) and queues their
+// INSERT on b, which the caller sends inside its transaction (tx.SendBatch) with
+// its other statements, in one round trip.
+//
+// It sends no NOTIFY, because a NOTIFY in a transaction serialises its commit with
+// every other notifying transaction's: call Wake once the transaction has
+// committed. A forgotten Wake costs latency (up to RelayConfig.PollInterval), never
+// a message. The producer middleware does all of this for its handlers.
+func (o *Outbox) AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...idem.Message) error {
+	rows, err := o.prepare(ctx, msgs, "")
+	if err != nil || rows == nil {
+		return err
+	}
+	b.Queue(o.q.enqueue, rows.args()...)
+	return nil
+}
+
+// outboxRows are messages checked and encoded for the enqueue statement, one slice
+// per column.
+type outboxRows struct {
+	keys, subjects, msgIDs, headers []string
+	payloads                        [][]byte
+}
+
+func (r *outboxRows) args() []any {
+	return []any{r.keys, r.subjects, r.msgIDs, r.headers, r.payloads}
+}
+
+// prepare checks msgs and encodes them for the enqueue statement (nil when msgs is
+// empty), stamping the caller's trace context into their headers.
+func (o *Outbox) prepare(ctx context.Context, msgs []idem.Message, generation string) (*outboxRows, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	r := &outboxRows{
+		keys: make([]string, len(msgs)), subjects: make([]string, len(msgs)), msgIDs: make([]string, len(msgs)),
+		headers: make([]string, len(msgs)), payloads: make([][]byte, len(msgs)),
+	}
+	for i, m := range msgs {
+		if err := o.check(m); err != nil {
+			return nil, fmt.Errorf("outbox: enqueue message %d: %w", i, err)
+		}
+		h := withTraceContext(ctx, m.Headers)
+		hj, err := json.Marshal(h)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: enqueue: encode headers: %w", err)
+		}
+		r.keys[i], r.subjects[i], r.msgIDs[i] = m.Key, m.Subject, idem.MsgID(m.Subject, m.Key)
+		if generation != "" {
+			r.msgIDs[i] += " " + generation
+		}
+		if size := wireSize(m.Key, r.msgIDs[i], o.cfg.Stream, h, m.Payload); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
+			return nil, fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.cfg.MaxPayload)
+		}
+		r.headers[i], r.payloads[i] = string(hj), m.Payload
+	}
+	return r, nil
 }
 
 // check refuses, before anything is written, a message the broker could never take

@@ -68,6 +68,12 @@ type RelayConfig struct {
 	// Retention is how long a published row is kept (its expires_at) before the
 	// collector may delete it (default 72h), unless AwaitProof.
 	Retention time.Duration
+	// Outbox, when set, is the Outbox this process writes through: its Wake
+	// reaches this relay directly while the relay runs, so requests committed here
+	// need no NOTIFY through Postgres. Rows committed elsewhere still wake it by
+	// NOTIFY (Enqueue, Wake in another process) or by its poll. It must use the
+	// same Schema.
+	Outbox *Outbox
 	// AwaitProof keeps published rows without an expiry: the reconciler (package
 	// reconcile) sets one once it has proven the intent reached every consumer, so a
 	// row is never deleted by age alone. The worker sets it when it runs a
@@ -117,6 +123,8 @@ func (c RelayConfig) validate() error {
 		return errors.New("outbox: relay: BatchSize, MaxAttempts and MaxBatchBytes must not be negative")
 	case c.PollInterval < 0, c.PublishTimeout < 0, c.Retention < 0:
 		return errors.New("outbox: relay: durations must not be negative")
+	case c.Outbox != nil && pgschema.Name(c.Outbox.cfg.Schema) != pgschema.Name(c.Schema):
+		return fmt.Errorf("outbox: relay: Outbox writes to schema %q, the relay reads %q", c.Outbox.cfg.Schema, c.Schema)
 	}
 	return nil
 }
@@ -156,6 +164,9 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Rel
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.cfg.Stream)
 	wake := make(chan struct{}, 1)
+	if r.cfg.Outbox != nil {
+		defer r.cfg.Outbox.wake.attach(wake)()
+	}
 	listenCtx, stopListen := context.WithCancel(ctx)
 	defer stopListen()
 	go r.listen(listenCtx, wake)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
@@ -135,6 +136,82 @@ func TestRelayWakesOnNotify(t *testing.T) {
 			}
 			if got := env.StreamMsgs(t, testenv.Stream); got != 3 {
 				t.Errorf("stream messages = %d, want 3", got)
+			}
+		})
+	}
+}
+
+// waitListening waits until n relays LISTEN: a NOTIFY sent before is lost.
+func waitListening(t *testing.T, env *testenv.Env, n int) {
+	t.Helper()
+	testenv.Eventually(t, 45*time.Second, "the relay to LISTEN", func() bool {
+		return env.DB.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %'`) == n
+	})
+}
+
+// commitBatched writes msgs the way the producer middleware does: AddToBatch,
+// sent with the transaction's other statements, no NOTIFY.
+func commitBatched(t *testing.T, env *testenv.Env, ob *outbox.Outbox, msgs ...idem.Message) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		if err := ob.AddToBatch(ctx, b, msgs...); err != nil {
+			return err
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// countingExecer counts the statements Wake sends.
+type countingExecer struct {
+	db    outbox.Execer
+	calls atomic.Int64
+}
+
+func (c *countingExecer) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.calls.Add(1)
+	return c.db.Exec(ctx, sql, args...)
+}
+
+// Rows written with AddToBatch send no NOTIFY of their own: Wake after the commit
+// reaches a relay of this process directly, without a statement, and a relay
+// elsewhere (here: one not attached to this Outbox) by one NOTIFY. With polling
+// effectively off, both publish promptly.
+func TestWakeReachesTheRelay(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		attached bool
+		notifies int64
+	}{
+		{"relay in this process", true, 0},
+		{"relay elsewhere", false, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := testenv.New(t)
+			ob := newOutbox(t, "")
+			cfg := outbox.RelayConfig{Stream: testenv.Stream, PollInterval: time.Hour}
+			if tc.attached {
+				cfg.Outbox = ob
+			}
+			testenv.Go(t, "relay", newRelay(t, env, cfg).Run)
+			waitListening(t, env, 1)
+
+			commitBatched(t, env, ob, msg("k-wake"))
+			db := &countingExecer{db: env.DB.Pool}
+			if err := ob.Wake(context.Background(), db); err != nil {
+				t.Fatal(err)
+			}
+			testenv.Eventually(t, 45*time.Second, "the row published after Wake", func() bool {
+				return env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`) == 0
+			})
+			if got := db.calls.Load(); got != tc.notifies {
+				t.Errorf("Wake sent %d statements, want %d", got, tc.notifies)
 			}
 		})
 	}

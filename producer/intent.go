@@ -23,6 +23,7 @@ type Intent struct {
 	Key idem.Key
 
 	outbox *outbox.Outbox
+	batch  *pgx.Batch // the outbox INSERTs, sent with the stored response
 }
 
 // ScopedKey is idem.ScopedKey(Scope, Key): the identity carried past the ingress,
@@ -32,11 +33,17 @@ func (i *Intent) ScopedKey() string { return idem.ScopedKey(i.Scope, i.Key) }
 // Enqueue writes a message of this intent into the outbox, inside the request's
 // transaction, stamped with the scoped key: it exists if and only if the request's
 // business rows and stored response commit. headers may be nil.
+//
+// The message is checked at once (outbox.ErrTooLarge, a subject outside the
+// stream, a bad header: nothing is written), and its INSERT is sent with the
+// stored response after the handler returns, in the same round trip: so the
+// handler's own queries in Tx do not see the row. The relay is woken after the
+// commit.
 func (i *Intent) Enqueue(ctx context.Context, subject string, payload []byte, headers map[string]string) error {
-	if i.outbox == nil {
-		return errors.New("producer: intent: no outbox")
+	if i.outbox == nil || i.batch == nil {
+		return errors.New("producer: intent: not built by Middleware")
 	}
-	return i.outbox.Enqueue(ctx, i.Tx, idem.Message{Key: i.ScopedKey(), Subject: subject, Payload: payload, Headers: headers})
+	return i.outbox.AddToBatch(ctx, i.batch, idem.Message{Key: i.ScopedKey(), Subject: subject, Payload: payload, Headers: headers})
 }
 
 type intentKey struct{}

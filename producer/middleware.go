@@ -6,12 +6,12 @@ package producer
 //
 // The whole request is one transaction:
 //
-//	BEGIN
-//	  set lock_timeout = Wait
+//	BEGIN; SET LOCAL lock_timeout = Wait                                    -- 1 round trip
 //	  INSERT INTO idem_requests (scope, key, ...) ON CONFLICT DO NOTHING   -- claim
-//	  handler(ctx with tx)        -- business rows, outbox.Enqueue, all in tx
-//	  UPDATE idem_requests SET response = captured                          -- remember
+//	  handler(ctx with tx)        -- business rows; Intent.Enqueue only queues
+//	  INSERT INTO idem_outbox ...; UPDATE idem_requests SET response = ... -- 1 round trip
 //	COMMIT
+//	wake the relay                -- outside the transaction (outbox.Outbox.Wake)
 //	write the captured response
 //
 // Because the claim, the effect and the remembered response commit together, there
@@ -31,7 +31,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -79,6 +78,9 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 	// DefaultMaxResponseBytes is the largest response body stored for replay.
 	DefaultMaxResponseBytes = 1 << 20
+	// DefaultMaxInFlightWait is how long a request beyond MaxInFlight waits for a
+	// slot before it is refused.
+	DefaultMaxInFlightWait = 250 * time.Millisecond
 )
 
 // maxClaimAttempts bounds the claim loop, which only repeats when the record it
@@ -150,6 +152,12 @@ type Config struct {
 	// from the pool it is given).
 	MaxInFlight int
 
+	// MaxInFlightWait is how long a request beyond MaxInFlight waits for a slot,
+	// holding no connection, before it gets the 503: a burst shorter than this is
+	// queued rather than refused, since a refused client comes back only after
+	// Retry-After (a second). Default DefaultMaxInFlightWait; negative: no wait.
+	MaxInFlightWait time.Duration
+
 	// Logger receives the middleware's logs. Default slog.Default().
 	Logger *slog.Logger
 
@@ -173,6 +181,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxResponseBytes == 0 {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if c.MaxInFlightWait == 0 {
+		c.MaxInFlightWait = DefaultMaxInFlightWait
 	}
 	if c.Scope == nil {
 		c.Scope = noScope
@@ -257,7 +268,7 @@ func NewMiddleware(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 		}
 		cfg.Outbox = ob
 	}
-	m := &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema)}
+	m := &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.Wait)}
 	if cfg.MaxInFlight > 0 {
 		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -341,25 +352,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// 3. One transaction for claim, effect and stored response, within the bound
 	// on requests in flight.
 	if m.inFlight != nil {
-		select {
-		case m.inFlight <- struct{}{}:
-			defer func() { <-m.inFlight }()
-		default:
+		if !m.enter(ctx) {
 			a.busy()
 			return
 		}
+		defer func() { <-m.inFlight }()
 	}
-	tx, err := m.pool.Begin(ctx)
+	tx, err := m.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: m.q.begin})
 	if err != nil {
 		a.dbFailed(fmt.Errorf("middleware: begin: %w", err))
 		return
 	}
 	defer a.rollback(tx) // a no-op once committed
-
-	if _, err := tx.Exec(ctx, sqlLockTimeout, lockTimeout(m.cfg.Wait)); err != nil {
-		a.dbFailed(fmt.Errorf("middleware: set lock_timeout: %w", err))
-		return
-	}
 	claimed, err := m.claim(ctx, tx, scope, key, fp, r)
 	if err != nil {
 		if isLockTimeout(err) {
@@ -381,7 +385,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.cfg.Outbox}
+	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.cfg.Outbox, batch: &pgx.Batch{}}
 	capture := newCapture(m.cfg.MaxResponseBytes)
 	if !a.runHandler(next, capture, r.WithContext(withIntent(ctx, intent))) {
 		a.rollback(tx)
@@ -406,11 +410,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
-	// 5. Remember the response together with the effect, then commit.
-	if _, err := tx.Exec(ctx, m.q.complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body); err != nil {
+	// 5. Write the handler's outbox messages and remember the response, in one
+	// round trip, then commit.
+	messages := intent.batch.Len()
+	intent.batch.Queue(m.q.complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body)
+	if err := tx.SendBatch(ctx, intent.batch).Close(); err != nil {
 		// Most likely the handler ignored a failed statement and the transaction
 		// is aborted; either way nothing of this request survives.
-		a.dbFailed(fmt.Errorf("middleware: store response: %w", err))
+		a.dbFailed(fmt.Errorf("middleware: enqueue and store response: %w", err))
 		return
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -426,8 +433,37 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		a.log.WarnContext(ctx, "middleware: response abandoned after commit (fault point)", "err", err)
 		panic(http.ErrAbortHandler)
 	}
+	if messages > 0 {
+		// After the commit, so the relay finds the rows. A failure only delays them
+		// to the relay's next poll.
+		if err := m.cfg.Outbox.Wake(ctx, m.pool); err != nil {
+			a.log.WarnContext(ctx, "middleware: waking the relay failed; it will find the messages at its next poll", "err", err)
+		}
+	}
 	a.log.DebugContext(ctx, "middleware: executed and stored", "status", resp.status)
 	a.respond(OutcomeNew, resp, false)
+}
+
+// enter takes one of the MaxInFlight slots, waiting up to MaxInFlightWait for one.
+func (m *Middleware) enter(ctx context.Context) bool {
+	select {
+	case m.inFlight <- struct{}{}:
+		return true
+	default:
+	}
+	if m.cfg.MaxInFlightWait < 0 {
+		return false
+	}
+	t := time.NewTimer(m.cfg.MaxInFlightWait)
+	defer t.Stop()
+	select {
+	case m.inFlight <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // parseKeyHeader validates the Idempotency-Key header values. It returns an error
@@ -551,6 +587,3 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
-func lockTimeout(d time.Duration) string {
-	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
-}

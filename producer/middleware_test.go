@@ -813,6 +813,47 @@ func TestIntentEnqueue(t *testing.T) {
 	}
 }
 
+// After a request that enqueued commits, the middleware wakes the relays: a relay
+// LISTENing in another process gets a NOTIFY, and finds the row committed when it
+// does.
+func TestMiddlewareWakesTheRelayAfterCommit(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	ctx := context.Background()
+	conn, err := db.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listener := conn.Hijack() // LISTENing: never back to the pool
+	t.Cleanup(func() { listener.Close(context.Background()) })
+	if _, err := listener.Exec(ctx, `LISTEN idem_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, _ := producer.IntentFrom(r.Context())
+		if err := in.Enqueue(r.Context(), "test.created", []byte(`{}`), nil); err != nil {
+			producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := (req{path: "/ok", key: key("k-wake"), body: `{}`}).send(h); w.Code != http.StatusCreated {
+		t.Fatalf("request: %d %s", w.Code, w.Body)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 45*time.Second)
+	defer cancel()
+	n, err := listener.WaitForNotification(waitCtx)
+	if err != nil {
+		t.Fatalf("no NOTIFY after the request committed: %v", err)
+	}
+	if n.Channel != "idem_outbox" {
+		t.Errorf("NOTIFY on %q", n.Channel)
+	}
+	if c := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`); c != 1 {
+		t.Errorf("%d pending rows when the NOTIFY arrived, want 1", c)
+	}
+}
+
 // With idem's tables in another schema the middleware claims and stores there, and
 // its default outbox writes there too.
 func TestMiddlewareInOtherSchema(t *testing.T) {
@@ -901,5 +942,41 @@ func TestMiddlewareMaxInFlight(t *testing.T) {
 	}
 	if got.last() != producer.OutcomeNew {
 		t.Errorf("last outcome %q", got.last())
+	}
+
+}
+
+// A request beyond MaxInFlight waits up to MaxInFlightWait for a slot, holding no
+// connection, and gets its 503 only then; a slot that frees meanwhile lets it in.
+func TestMiddlewareWaitsForASlot(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	const wait = 300 * time.Millisecond
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	h := newMiddleware(t, db.Pool, producer.Config{MaxInFlight: 1, MaxInFlightWait: wait}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			entered <- struct{}{}
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	done := make(chan int, 1)
+	go func() { done <- req{path: "/slow", key: key("k-slow"), body: "{}"}.send(h).Code }()
+	recv(t, entered, "the slow request to enter its handler")
+
+	start := time.Now()
+	busy := req{path: "/fast", key: key("k-refused"), body: "{}"}.send(h)
+	if waited := time.Since(start); busy.Code != http.StatusServiceUnavailable || waited < wait {
+		t.Fatalf("with the only slot held: %d after %v, want 503 after at least %v", busy.Code, waited, wait)
+	}
+
+	queued := make(chan int, 1)
+	go func() { queued <- req{path: "/fast", key: key("k-queued"), body: "{}"}.send(h).Code }()
+	close(release)
+	if code := recv(t, queued, "the queued request"); code != http.StatusCreated {
+		t.Errorf("a request behind a slot that frees: %d, want 201", code)
+	}
+	if code := recv(t, done, "the slow request"); code != http.StatusCreated {
+		t.Errorf("slow request: %d", code)
 	}
 }

@@ -1,17 +1,23 @@
 package producer
 
-import "github.com/idemkit/idem/internal/pgschema"
+import (
+	"fmt"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgschema"
+)
 
 // All of the middleware's SQL, in one place, so a reviewer can read the whole
 // protocol against the idem_requests table without hunting through Go code.
 //
 // Every statement runs inside the request's one transaction (see Middleware.Wrap).
 const (
-	// sqlLockTimeout bounds how long any statement of the transaction waits
-	// for a lock, above all the claim's wait on a concurrent duplicate's uncommitted
-	// row. SET LOCAL cannot take a bind parameter; set_config(..., true) is the same
-	// thing, scoped to the transaction, and can.
-	sqlLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
+	// sqlBegin opens the request's transaction and bounds how long any of its
+	// statements waits for a lock, above all the claim's wait on a concurrent
+	// duplicate's uncommitted row, in one round trip (two statements in one simple
+	// query). The %d is the middleware's Wait in milliseconds, formatted from an
+	// integer: SET cannot take a bind parameter.
+	sqlBegin = `BEGIN; SET LOCAL lock_timeout = '%dms'`
 
 	// sqlClaim claims (scope, key). It returns a row when this transaction now
 	// owns the key, and nothing when the key already has a committed record.
@@ -42,7 +48,8 @@ DELETE FROM idem_requests
 WHERE scope = $1 AND key = $2 AND expires_at <= now()`
 
 	// sqlComplete stores the handler's response as the key's first result. It
-	// commits together with the handler's business rows and outbox messages.
+	// commits together with the handler's business rows and outbox messages, and is
+	// sent in one round trip with the handler's outbox INSERTs (Intent.Enqueue).
 	sqlComplete = `
 UPDATE idem_requests
 SET status = 'done', response_code = $3, response_headers = $4, response_body = $5
@@ -52,10 +59,13 @@ WHERE scope = $1 AND key = $2`
 // queries is the SQL of one schema: idem_requests qualified once, when the
 // middleware is built.
 type queries struct {
-	claim, lookup, deleteExpired, complete string
+	begin, claim, lookup, deleteExpired, complete string
 }
 
-func newQueries(schema string) queries {
+func newQueries(schema string, wait time.Duration) queries {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
-	return queries{claim: q(sqlClaim), lookup: q(sqlLookup), deleteExpired: q(sqlDeleteExpired), complete: q(sqlComplete)}
+	return queries{
+		begin: fmt.Sprintf(sqlBegin, max(wait.Milliseconds(), 1)),
+		claim: q(sqlClaim), lookup: q(sqlLookup), deleteExpired: q(sqlDeleteExpired), complete: q(sqlComplete),
+	}
 }

@@ -128,6 +128,8 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 	if !cfg.DisableRelay {
 		rc := cfg.Relay
 		rc.Schema, rc.Stream = cfg.Schema, cfg.Stream.Name
+		// The ingress wakes this relay directly: no NOTIFY on its hot path.
+		rc.Outbox = w.outbox
 		rc.Observer = idem.Observers(observe, rc.Observer)
 		if rc.Logger == nil {
 			rc.Logger = w.log
