@@ -55,6 +55,9 @@ type httpRun struct {
 	meas      Measurement
 	elapsed   time.Duration // first request sent -> last effect committed
 	latencies []time.Duration
+	// responses are request sent -> response received, sorted: for e2e-http the
+	// ingress's share of the latency.
+	responses []time.Duration
 	busy      int64 // 503s retried with the same key
 }
 
@@ -63,11 +66,11 @@ type httpRun struct {
 func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cfg HTTPConfig) ([]Result, error) {
 	var results []Result
 	for _, phase := range []struct {
-		row  string
-		rate int
-		n    int
-	}{{scenario + " (max)", 0, cfg.N}, {fmt.Sprintf("%s @%d/s", scenario, cfg.Rate), cfg.Rate, min(cfg.RateN, cfg.N)}} {
-		run, err := withEnv(ctx, labelled(newEnv, scenario), func(env *Env) (httpRun, error) {
+		row, label string // label: in messages and the CPU profile's file name
+		rate       int
+		n          int
+	}{{scenario + " (max)", scenario, 0, cfg.N}, {fmt.Sprintf("%s @%d/s", scenario, cfg.Rate), scenario + "-rate", cfg.Rate, min(cfg.RateN, cfg.N)}} {
+		run, err := withEnv(ctx, labelled(newEnv, phase.label), func(env *Env) (httpRun, error) {
 			return runHTTPPhase(ctx, env, scenario, phase.row, phase.n, phase.rate, cfg)
 		})
 		if err != nil {
@@ -82,6 +85,10 @@ func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cf
 		r.Seconds, r.Rate = run.elapsed.Seconds(), float64(phase.n)/run.elapsed.Seconds()
 		r.P50ms, r.P99ms = ms(percentile(run.latencies, 50)), ms(percentile(run.latencies, 99))
 		r.MaxMs = ms(run.latencies[len(run.latencies)-1])
+		if scenario == scE2EHTTP {
+			r.Notes = append(r.Notes, fmt.Sprintf("of which request sent -> response: p50 %.1f ms, p99 %.1f ms",
+				ms(percentile(run.responses, 50)), ms(percentile(run.responses, 99))))
+		}
 		r.Verified = "ok"
 		what := "request sent -> ledger row committed"
 		if scenario == scPlainHTTP {
@@ -243,17 +250,20 @@ func runHTTPPhase(ctx context.Context, env *Env, scenario, row string, n, rate i
 		return out, err
 	}
 	out.latencies = make([]time.Duration, n)
+	out.responses = make([]time.Duration, n)
 	for i := range n {
 		end := answered[i]
 		if target.effectAt != nil {
 			end = target.effectAt(keys[i])
 		}
 		out.latencies[i] = end.Sub(sent[i])
+		out.responses[i] = answered[i].Sub(sent[i])
 		if end.After(last) {
 			last = end
 		}
 	}
 	slices.Sort(out.latencies)
+	slices.Sort(out.responses)
 	out.elapsed = last.Sub(base)
 	out.busy = busy.Load()
 	return out, verifyHTTP(ctx, env, scenario, n)

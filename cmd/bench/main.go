@@ -59,9 +59,14 @@ const (
 	// one plain commit per request.
 	scE2EHTTP   = "e2e-http"
 	scPlainHTTP = "plain-http"
+	// scWatermillHTTP is the peer: the same HTTP shape built with Watermill
+	// (watermill-sql publisher in the request transaction, its forwarder to
+	// JetStream, a router with its Deduplicator). It is a nested module
+	// (Options.WatermillDir), so Watermill's dependencies stay out of idem's go.mod.
+	scWatermillHTTP = "watermill-http"
 )
 
-var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scPlainHTTP, scE2EHTTP}
+var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scPlainHTTP, scE2EHTTP, scWatermillHTTP}
 
 // Options are the command-line flags.
 type Options struct {
@@ -93,6 +98,7 @@ type Options struct {
 	HTTPClients     int // HTTP scenarios: keep-alive clients of the max phase
 	HTTPRate        int // HTTP scenarios: offered requests/s of the latency phase
 	HTTPRateN       int // HTTP scenarios: requests of the latency phase
+	WatermillDir    string
 
 	child string // set in a child process: the one scenario to run
 }
@@ -123,9 +129,10 @@ func parseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.RateBatch, "rate-batch", 100, "e2e latency phase: intents per producer transaction")
 	fs.IntVar(&o.PayloadBytes, "payload-bytes", 0, "e2e: pad each charge's payload to about this many bytes (0: small), to measure memory with large messages")
 	fs.IntVar(&o.DurabilityBatch, "durability-batch", 1, "e2e-durability: intents per producer transaction (1, one intent per request, is the shape users run; more is an extra, labelled row)")
-	fs.IntVar(&o.HTTPClients, "http-clients", 32, "e2e-http, plain-http: keep-alive clients in the max phase")
-	fs.IntVar(&o.HTTPRate, "http-rate", 1000, "e2e-http, plain-http: offered requests/s in the latency phase")
-	fs.IntVar(&o.HTTPRateN, "http-rate-n", 10000, "e2e-http, plain-http: requests in the latency phase (at most -n)")
+	fs.IntVar(&o.HTTPClients, "http-clients", 32, "e2e-http, plain-http, watermill-http: keep-alive clients in the max phase")
+	fs.IntVar(&o.HTTPRate, "http-rate", 1000, "e2e-http, plain-http, watermill-http: offered requests/s in the latency phase")
+	fs.IntVar(&o.HTTPRateN, "http-rate-n", 10000, "e2e-http, plain-http, watermill-http: requests in the latency phase (at most -n)")
+	fs.StringVar(&o.WatermillDir, "watermill-dir", filepath.Join("cmd", "bench", "watermill"), "watermill-http: the peer's module directory (it is run with go run)")
 	fs.Float64Var(&o.DupDrop, "dup-drop", 0.10, "e2e-dup: fraction of committed batches whose acks are dropped")
 	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", 2*time.Second, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
 	fs.StringVar(&o.child, "child", "", "internal: run one scenario and print its results as JSON on stdout")

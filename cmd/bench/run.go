@@ -133,7 +133,9 @@ func runChild(ctx context.Context, opts Options, log *slog.Logger) error {
 		return err
 	}
 	for i := range rs {
-		rs[i].PeakRSS = rss
+		if rs[i].PeakRSS == 0 { // the peer reports its own process's
+			rs[i].PeakRSS = rss
+		}
 	}
 	return json.NewEncoder(os.Stdout).Encode(rs)
 }
@@ -181,6 +183,8 @@ func runScenario(ctx context.Context, opts Options, name string, log *slog.Logge
 	case scE2EHTTP, scPlainHTTP:
 		hc := HTTPConfig{N: opts.N, Clients: opts.HTTPClients, Rate: opts.HTTPRate, RateN: opts.HTTPRateN, Timeout: opts.Timeout, Log: log}
 		return runHTTPScenario(ctx, newEnv, name, hc)
+	case scWatermillHTTP:
+		return runWatermillHTTP(ctx, opts)
 	case scE2EDurability:
 		return runE2EDurability(ctx, envWith, e2e)
 	case scE2EDup:
