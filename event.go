@@ -27,8 +27,16 @@ type Event struct {
 	// Count is how many requests, messages or rows the event covers (at least 1).
 	Count int
 	// Duration is how long the step took, where the component times it (a relay
-	// batch, a request); zero otherwise.
+	// batch, a request, a consumer batch's transaction); zero otherwise.
 	Duration time.Duration
+	// HandlerDuration is the part of a consumer batch's Duration spent in the
+	// application's handlers (consumer.OutcomeProcessed); zero otherwise.
+	HandlerDuration time.Duration
+	// EndToEnd holds, for each message a consumer batch processed
+	// (consumer.OutcomeProcessed), the time from its outbox row's creation (the
+	// relay's HeaderEnqueuedAt, by the database's clock) to the batch's commit (by
+	// this process's clock). Messages without the header are left out.
+	EndToEnd []time.Duration
 }
 
 // Observer receives Events. It is called synchronously on the component's hot path,

@@ -49,6 +49,11 @@ const (
 	// without an effect, so a replay never reaches a consumer that did not
 	// dead-letter it (whose inbox may have forgotten the key by then).
 	HeaderReplayFor = "Idem-Replay-For"
+	// HeaderEnqueuedAt is set by the relay: when the message's outbox row was
+	// written, by the database's clock: RFC 3339 in UTC with microseconds
+	// ("2026-12-01T12:00:00.000000Z"). A consumer measures end-to-end latency from
+	// it. Producers may not set it.
+	HeaderEnqueuedAt = "Idem-Enqueued-At"
 )
 
 // MaxKeyLen is the longest key (and the longest scope) accepted, in bytes.

@@ -4,6 +4,8 @@ package consumer
 // one Postgres transaction, then acked.
 
 import (
+	"github.com/idemkit/idem"
+
 	"bytes"
 	"context"
 	"errors"
@@ -110,6 +112,8 @@ type batchResult struct {
 	processed  []*Delivery
 	duplicates []*Delivery
 	poison     map[*Delivery]string
+	handlers   time.Duration // spent in HandleBatch
+	committed  time.Time
 }
 
 // runBatch is the transaction: claim, run the new, store results, commit. Its error
@@ -190,7 +194,9 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 	}
 
 	if len(fresh) > 0 {
+		began := time.Now()
 		results, err := c.handle(ctx, tx, fresh)
+		res.handlers = time.Since(began)
 		if err != nil {
 			var fa failedAt
 			if errors.As(err, &fa) && fa.index >= 0 && fa.index < len(fresh) {
@@ -226,7 +232,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 		}
 		return res, fmt.Errorf("consumer: commit: %w", err)
 	}
-	res.processed = fresh
+	res.processed, res.committed = fresh, time.Now()
 	// Repeats inside the batch are duplicates of a first that just committed.
 	res.duplicates = append(res.duplicates, repeats...)
 
@@ -248,7 +254,16 @@ func (c *Consumer) settle(ctx context.Context, res batchResult, took time.Durati
 	for d, reason := range res.poison {
 		c.deadLetter(ctx, d, reason)
 	}
-	c.observe(OutcomeProcessed, len(res.processed), took)
+	if len(res.processed) > 0 && c.cfg.Observer != nil {
+		e := idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: OutcomeProcessed,
+			Count: len(res.processed), Duration: took, HandlerDuration: res.handlers}
+		for _, d := range res.processed {
+			if !d.EnqueuedAt.IsZero() {
+				e.EndToEnd = append(e.EndToEnd, res.committed.Sub(d.EnqueuedAt))
+			}
+		}
+		c.cfg.Observer.Observe(e)
+	}
 	c.observe(OutcomeDuplicate, len(res.duplicates), 0)
 }
 

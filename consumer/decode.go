@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"time"
+
 	"context"
 	"fmt"
 
@@ -38,6 +40,9 @@ func decode(m jetstream.Msg) (*Delivery, string) {
 	if md, err := m.Metadata(); err == nil {
 		d.Deliveries = int(md.NumDelivered)
 		d.StreamSeq = md.Sequence.Stream
+	}
+	if at, err := time.Parse(time.RFC3339Nano, d.Headers[idem.HeaderEnqueuedAt]); err == nil {
+		d.EnqueuedAt = at
 	}
 	d.Key = m.Headers().Get(idem.HeaderKey)
 	if d.Key == "" {

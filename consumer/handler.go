@@ -1,6 +1,8 @@
 package consumer
 
 import (
+	"time"
+
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +22,10 @@ type Delivery struct {
 	Deliveries int
 	// StreamSeq is the message's sequence in the stream.
 	StreamSeq uint64
+	// EnqueuedAt is when the message's outbox row was written (the relay's
+	// idem.HeaderEnqueuedAt), by the database's clock; zero when the message did
+	// not come through an idem relay.
+	EnqueuedAt time.Time
 
 	raw  jetstream.Msg
 	ctx  context.Context // carries the producer's trace and this delivery's span

@@ -89,3 +89,23 @@ func queryAll[T any](ctx context.Context, tx pgx.Tx, what, sql string, scan func
 func age(asOf, t time.Time) time.Duration {
 	return max(asOf.Sub(t), 0)
 }
+
+// OpenDeadLetters counts the dead letters not yet replayed, per consumer (the
+// relay's under outbox.RelayConsumer). Consumers with none are absent.
+func (r *Reader) OpenDeadLetters(ctx context.Context) (map[string]int64, error) {
+	out := map[string]int64{}
+	err := r.snapshot(ctx, func(tx pgx.Tx, _ time.Time) error {
+		rows, err := tx.Query(ctx, r.q.openDeadLetters)
+		if err != nil {
+			return fmt.Errorf("ops: open dead letters: %w", err)
+		}
+		var name string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil })
+		if err != nil {
+			return fmt.Errorf("ops: open dead letters: %w", err)
+		}
+		return nil
+	})
+	return out, err
+}

@@ -72,6 +72,11 @@ SELECT
     (SELECT count(*) FROM idem_dead_letters),
     (SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NULL)`
 
+	// Dead letters not yet replayed, per consumer: the metrics' gauge. Dead letters
+	// are few (poison, bounded by retention), so a scan per scrape is affordable.
+	sqlOpenDeadLetters = `
+SELECT consumer, count(*) FROM idem_dead_letters WHERE replayed_at IS NULL GROUP BY consumer ORDER BY consumer`
+
 	sqlStatsInbox = `
 SELECT consumer, status, count(*),
        count(*) FILTER (WHERE expires_at < now()),
@@ -84,18 +89,19 @@ ORDER BY consumer, status`
 // queries is the SQL of one schema.
 type queries struct {
 	request, outbox, inbox, deadLetters, otherScopes string
-	totals, inboxStats                               string
+	totals, inboxStats, openDeadLetters              string
 }
 
 func newQueries(schema string) queries {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return queries{
-		request:     q(sqlInspectRequest),
-		outbox:      q(sqlInspectOutbox),
-		inbox:       q(sqlInspectInbox),
-		deadLetters: q(sqlInspectDeadLetters),
-		otherScopes: q(sqlInspectOtherScopes),
-		totals:      q(sqlStatsTotals),
-		inboxStats:  q(sqlStatsInbox),
+		request:         q(sqlInspectRequest),
+		outbox:          q(sqlInspectOutbox),
+		inbox:           q(sqlInspectInbox),
+		deadLetters:     q(sqlInspectDeadLetters),
+		otherScopes:     q(sqlInspectOtherScopes),
+		openDeadLetters: q(sqlOpenDeadLetters),
+		totals:          q(sqlStatsTotals),
+		inboxStats:      q(sqlStatsInbox),
 	}
 }

@@ -194,7 +194,7 @@ func (o *Outbox) check(m idem.Message) error {
 	}
 	for name, v := range m.Headers {
 		switch name {
-		case idem.HeaderKey, idem.HeaderMsgID:
+		case idem.HeaderKey, idem.HeaderMsgID, idem.HeaderEnqueuedAt:
 			return fmt.Errorf("header %s is set by the relay from the key and subject; do not set it", name)
 		}
 		if err := idem.ValidateHeader(name, v); err != nil {
@@ -216,11 +216,19 @@ func wireSize(key, msgID, stream string, headers map[string]string, payload []by
 	}
 	line(idem.HeaderKey, key)
 	line(idem.HeaderMsgID, msgID)
+	line(idem.HeaderEnqueuedAt, enqueuedAtSample)
 	if stream != "" {
 		line(jetstream.ExpectedStreamHeader, stream)
 	}
 	return int64(n + len(payload))
 }
+
+// enqueuedAtLayout formats HeaderEnqueuedAt: UTC, microseconds (Postgres's
+// precision), fixed width, so the size check counts it exactly.
+const enqueuedAtLayout = "2006-01-02T15:04:05.000000Z07:00"
+
+// enqueuedAtSample is a value in that layout, as long as every one of them.
+const enqueuedAtSample = "2006-01-02T15:04:05.000000Z"
 
 // withTraceContext adds the caller's W3C trace context (traceparent, tracestate) to
 // the message headers, so the consumer's span continues the producer's trace. The

@@ -71,6 +71,7 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 		{"empty subject", with(func(m *idem.Message) { m.Subject = "" }), idem.ErrBadSubject, ""},
 		{"nil payload", with(func(m *idem.Message) { m.Payload = nil }), nil, "nil payload"},
 		{"caller-set Nats-Msg-Id", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderMsgID: "mine"} }), nil, "set by the relay"},
+		{"caller-set Idem-Enqueued-At", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderEnqueuedAt: "2020-01-01T00:00:00Z"} }), nil, "set by the relay"},
 		{"caller-set Idempotency-Key", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderKey: "other"} }), nil, "set by the relay"},
 		{"header name with a space", with(func(m *idem.Message) { m.Headers = map[string]string{"X Trace": "1"} }), nil, "header name"},
 		{"header value with a line break", with(func(m *idem.Message) { m.Headers = map[string]string{"X-Trace": "1\r\nNats-Msg-Id: forged"} }), nil, "line break"},

@@ -224,6 +224,7 @@ type outboxRow struct {
 	headers  []byte
 	payload  []byte
 	attempts int
+	created  time.Time
 }
 
 // relayBatch claims, publishes and settles one batch. full reports whether the claim
@@ -338,7 +339,7 @@ func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full b
 	}
 	batch, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
 		var o outboxRow
-		err := row.Scan(&o.id, &o.key, &o.subject, &o.msgID, &o.headers, &o.payload, &o.attempts)
+		err := row.Scan(&o.id, &o.key, &o.subject, &o.msgID, &o.headers, &o.payload, &o.attempts, &o.created)
 		return o, err
 	})
 	if err != nil {
@@ -461,6 +462,7 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, faile
 		}
 		msg.Header.Set(idem.HeaderKey, o.key)
 		msg.Header.Set(jetstream.MsgIDHeader, o.msgID)
+		msg.Header.Set(idem.HeaderEnqueuedAt, o.created.UTC().Format(enqueuedAtLayout))
 		msg.Data = o.payload
 		f, err := r.js.PublishMsgAsync(msg, r.pubOpts...)
 		if err != nil {

@@ -30,7 +30,7 @@ FOR UPDATE SKIP LOCKED`
 
 	// Load the claimed rows that fit in the batch's byte budget.
 	sqlLoad = `
-SELECT id, key, subject, msg_id, headers, payload, attempts
+SELECT id, key, subject, msg_id, headers, payload, attempts, created_at
 FROM idem_outbox
 WHERE id = ANY($1::bigint[])
 ORDER BY id`

@@ -99,11 +99,11 @@ func TestEnqueueRefusesWhatTheBrokerCannotTake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The header block for this key and subject: "NATS/1.0\r\n" + the two lines
-	// the relay adds + "\r\n".
+	// The header block for this key and subject: "NATS/1.0\r\n" + the lines the
+	// relay adds (the enqueue time is fixed-width) + "\r\n".
 	key, subject := "k-size", "test.size"
 	header := len("NATS/1.0\r\n") + len("Idempotency-Key: "+key+"\r\n") + len("Nats-Msg-Id: "+idem.MsgID(subject, key)+"\r\n") +
-		len("Nats-Expected-Stream: "+testenv.Stream+"\r\n") + len("\r\n")
+		len("Nats-Expected-Stream: "+testenv.Stream+"\r\n") + len("Idem-Enqueued-At: 2026-12-01T12:00:00.000000Z\r\n") + len("\r\n")
 	fits := smallMaxPayload - header
 	ctx := context.Background()
 	try := func(k string, size int) error {

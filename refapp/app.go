@@ -37,6 +37,10 @@ type Config struct {
 	// HTTPAddr is the HTTP listen address of Start (default 127.0.0.1:8080; ":0"
 	// picks a port).
 	HTTPAddr string
+	// MetricsAddr, when set, serves /metrics on a listener of its own at this
+	// address, and not on HTTPAddr: the API can face clients while the metrics
+	// stay on an internal interface. Default: /metrics on HTTPAddr.
+	MetricsAddr string
 	// HTTP bounds the HTTP server's waits and headers.
 	HTTP HTTPConfig
 	// Email, when Email.Addr is set, runs the email consumer sending through that

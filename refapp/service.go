@@ -28,9 +28,12 @@ type Service struct {
 	worker *worker.Worker
 	http   *http.Server
 	ln     net.Listener
-	log    *slog.Logger
-	served sync.WaitGroup
-	errs   chan error
+	// metrics serves /metrics when Config.MetricsAddr is set (nil otherwise).
+	metrics   *http.Server
+	metricsLn net.Listener
+	log       *slog.Logger
+	served    sync.WaitGroup
+	errs      chan error
 }
 
 // Start runs the application on pool and nc, which stay the caller's. It binds the
@@ -62,21 +65,37 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	if err != nil {
 		return nil, fmt.Errorf("refapp: listen on %s: %w", cfg.HTTPAddr, err)
 	}
+	var metricsLn net.Listener
+	if cfg.MetricsAddr != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("refapp: listen on %s (metrics): %w", cfg.MetricsAddr, err)
+		}
+	}
+	closeListeners := func() {
+		ln.Close()
+		if metricsLn != nil {
+			metricsLn.Close()
+		}
+	}
 	if !cfg.NoMigrate {
 		if err := Migrate(ctx, pool); err != nil {
-			ln.Close()
+			closeListeners()
 			return nil, err
 		}
 	}
 	if err := w.Start(ctx); err != nil {
-		ln.Close()
+		closeListeners()
 		return nil, err
 	}
 
+	metricsHandler := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
 	mux.Handle("GET /healthz", w.LiveHandler())
 	mux.Handle("GET /readyz", w.ReadyHandler())
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if metricsLn == nil {
+		mux.Handle("GET /metrics", metricsHandler)
+	}
 	if mw := w.Ingress(); mw != nil {
 		mux.Handle("/v1/", traced(cfg.TracerProvider, Routes(mw, cfg.Logger)))
 	}
@@ -94,15 +113,43 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 			// points), not its cancellation.
 			BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		}}
+	s.serve(s.http, ln, "http")
+	cfg.Logger.InfoContext(ctx, "http listening", "addr", ln.Addr().String())
+	if metricsLn != nil {
+		mm := http.NewServeMux()
+		mm.Handle("GET /metrics", metricsHandler)
+		s.metrics = &http.Server{Handler: mm, ReadHeaderTimeout: hc.ReadHeaderTimeout, ReadTimeout: hc.ReadTimeout,
+			WriteTimeout: hc.WriteTimeout, IdleTimeout: hc.IdleTimeout, MaxHeaderBytes: hc.MaxHeaderBytes,
+			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
+		s.metricsLn = metricsLn
+		s.serve(s.metrics, metricsLn, "metrics")
+		cfg.Logger.InfoContext(ctx, "metrics listening", "addr", metricsLn.Addr().String())
+	}
+	return s, nil
+}
+
+// serve runs srv on ln until Shutdown; a failure is the service's.
+func (s *Service) serve(srv *http.Server, ln net.Listener, what string) {
 	s.served.Add(1)
 	go func() {
 		defer s.served.Done()
-		if err := s.http.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.errs <- fmt.Errorf("refapp: http: %w", err)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			select {
+			case s.errs <- fmt.Errorf("refapp: %s: %w", what, err):
+			default: // the first failure is reported; this one is logged
+				s.log.Error("refapp: server failed", "server", what, "err", err)
+			}
 		}
 	}()
-	cfg.Logger.InfoContext(ctx, "http listening", "addr", ln.Addr().String())
-	return s, nil
+}
+
+// MetricsAddr is the address of the metrics listener, or "" when /metrics is
+// served on Addr.
+func (s *Service) MetricsAddr() string {
+	if s.metricsLn == nil {
+		return ""
+	}
+	return s.metricsLn.Addr().String()
 }
 
 // Addr is the address the HTTP server listens on.
@@ -135,6 +182,9 @@ func (s *Service) Failed() <-chan error {
 // so nothing is lost either way. It returns a component failure, if one happened.
 func (s *Service) Shutdown(ctx context.Context) error {
 	herr := s.http.Shutdown(ctx)
+	if s.metrics != nil {
+		herr = errors.Join(herr, s.metrics.Shutdown(ctx))
+	}
 	s.served.Wait()
 	werr := s.worker.Stop(ctx)
 	return errors.Join(herr, werr)

@@ -467,3 +467,36 @@ func TestHTTPServerBoundsSlowAndLargeClients(t *testing.T) {
 		t.Errorf("8 KiB of headers: %d, want 431", resp.StatusCode)
 	}
 }
+
+// With MetricsAddr, /metrics moves to a listener of its own (with idem_build_info
+// among its series) and leaves the API's address.
+func TestMetricsOnTheirOwnListener(t *testing.T) {
+	s := setup(t)
+	cfg := s.config()
+	cfg.MetricsAddr = "127.0.0.1:0"
+	svc := s.start(t, cfg)
+	if svc.MetricsAddr() == "" || svc.MetricsAddr() == svc.Addr() {
+		t.Fatalf("MetricsAddr = %q (API on %q), want a listener of its own", svc.MetricsAddr(), svc.Addr())
+	}
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, body := get("http://" + svc.MetricsAddr() + "/metrics")
+	if code != http.StatusOK || !strings.Contains(body, "idem_build_info{") || !strings.Contains(body, "idem_ingress_request_duration_seconds") {
+		t.Fatalf("metrics listener: %d, idem_build_info and the ingress histogram present: %v %v", code,
+			strings.Contains(body, "idem_build_info{"), strings.Contains(body, "idem_ingress_request_duration_seconds"))
+	}
+	if code, _ := get(s.url("/metrics")); code != http.StatusNotFound {
+		t.Errorf("/metrics on the API address: %d, want 404", code)
+	}
+	if code, _ := get(s.url("/healthz")); code != http.StatusOK {
+		t.Errorf("/healthz on the API address: %d, want 200", code)
+	}
+}

@@ -121,10 +121,11 @@ func enqueue(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, subject string, 
 }
 
 // dropped reports whether a metadata key never becomes a header: the key and scope
-// travel in the key itself, and the relay derives the Msg-Id.
+// travel in the key itself, and the relay sets the Msg-Id and the enqueue time (a
+// handler that copies a consumed message's metadata would otherwise carry them).
 func dropped(name string) bool {
 	switch name {
-	case idem.HeaderKey, idem.HeaderScope, idem.HeaderMsgID:
+	case idem.HeaderKey, idem.HeaderScope, idem.HeaderMsgID, idem.HeaderEnqueuedAt:
 		return true
 	}
 	return false

@@ -8,6 +8,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/buildinfo"
+	"github.com/idemkit/idem/ops"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/reconcile"
@@ -27,7 +29,17 @@ type metrics struct {
 	deleted   *prometheus.CounterVec
 	reconcile *prometheus.CounterVec
 	scrapeErr *prometheus.CounterVec
+
+	ingressDur *prometheus.HistogramVec
+	batchDur   *prometheus.HistogramVec
+	handlerDur *prometheus.HistogramVec
+	endToEnd   *prometheus.HistogramVec
+	buildInfo  *prometheus.GaugeVec
 }
+
+// latencyBuckets span 0.5 ms to about 16 s, doubling: a request or a batch takes
+// milliseconds, a message that waited out an outage takes seconds.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0005, 2, 16)
 
 func newMetrics(w *Worker) *metrics {
 	return &metrics{
@@ -61,6 +73,30 @@ func newMetrics(w *Worker) *metrics {
 			Name: "idem_scrape_errors_total",
 			Help: "Scrape-time queries that failed, by query: a gauge that is missing from a scrape is explained here.",
 		}, []string{"query"}),
+		ingressDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_ingress_request_duration_seconds",
+			Help:    "State-changing HTTP requests through the ingress, from arrival to the response decided, by outcome.",
+			Buckets: latencyBuckets,
+		}, []string{"outcome"}),
+		batchDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_consumer_batch_duration_seconds",
+			Help:    "Consumer batches that processed messages: claim, handlers, results and commit (an external effect: one message's lease to completion), by consumer.",
+			Buckets: latencyBuckets,
+		}, []string{"consumer"}),
+		handlerDur: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_consumer_handler_duration_seconds",
+			Help:    "Time a processed batch spent in the application's handlers (an external effect: its Perform), by consumer.",
+			Buckets: latencyBuckets,
+		}, []string{"consumer"}),
+		endToEnd: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idem_end_to_end_latency_seconds",
+			Help:    "Per message processed: outbox row created (the database's clock) to the consumer's commit (the worker's clock), by consumer.",
+			Buckets: latencyBuckets,
+		}, []string{"consumer"}),
+		buildInfo: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idem_build_info",
+			Help: "Always 1; the labels say which build of idem runs.",
+		}, []string{"version", "revision", "go_version"}),
 	}
 }
 
@@ -70,8 +106,19 @@ func (m *metrics) observe(e idem.Event) {
 	switch e.Component {
 	case idem.ComponentConsumer:
 		m.messages.WithLabelValues(e.Name, e.Outcome).Add(n)
+		if e.Outcome == consumer.OutcomeProcessed {
+			m.batchDur.WithLabelValues(e.Name).Observe(e.Duration.Seconds())
+			m.handlerDur.WithLabelValues(e.Name).Observe(e.HandlerDuration.Seconds())
+			h := m.endToEnd.WithLabelValues(e.Name)
+			for _, d := range e.EndToEnd {
+				// A negative latency is clock skew between the database and this
+				// host; it is kept at 0 rather than dropped, so counts still add up.
+				h.Observe(max(d.Seconds(), 0))
+			}
+		}
 	case idem.ComponentIngress:
 		m.ingress.WithLabelValues(e.Outcome).Add(n)
+		m.ingressDur.WithLabelValues(e.Outcome).Observe(e.Duration.Seconds())
 	case idem.ComponentRelay:
 		m.relay.WithLabelValues(e.Outcome).Add(n)
 		if e.Outcome == outbox.OutcomePublished {
@@ -85,19 +132,28 @@ func (m *metrics) observe(e idem.Event) {
 }
 
 // RegisterMetrics registers the worker's metrics with reg: counters of every
-// component's outcomes, relay batch durations, and gauges of the outbox backlog
-// read at scrape time. Series for the known outcomes exist from the start, at 0, so
-// a rate() over them is defined before the first event.
+// component's outcomes; histograms of ingress requests, relay and consumer batches,
+// handler time and end-to-end latency (outbox row created to consumer commit);
+// gauges read at scrape time of the outbox backlog, intents not yet proven, each
+// durable consumer's pending, ack-pending and redelivered messages, and open dead
+// letters; and idem_build_info. Series for the known outcomes (and each consumer's
+// histograms) exist from the start, at 0, so a rate() over them is defined before
+// the first event.
 func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 	m := w.metrics
 	for _, c := range w.consumers {
+		name := c.Config().Name
 		for _, o := range []string{consumer.OutcomeProcessed, consumer.OutcomeDuplicate, consumer.OutcomeFailed, consumer.OutcomeDeadLettered} {
-			m.messages.WithLabelValues(c.Config().Name, o)
+			m.messages.WithLabelValues(name, o)
 		}
+		m.batchDur.WithLabelValues(name)
+		m.handlerDur.WithLabelValues(name)
+		m.endToEnd.WithLabelValues(name)
 	}
 	if w.ingress != nil {
 		for _, o := range []string{producer.OutcomeNew, producer.OutcomeReplayed, producer.OutcomeRejected, producer.OutcomeMismatch, producer.OutcomeConflict, producer.OutcomeFailed, producer.OutcomeUnavailable} {
 			m.ingress.WithLabelValues(o)
+			m.ingressDur.WithLabelValues(o)
 		}
 	}
 	for _, o := range []string{outbox.OutcomePublished, outbox.OutcomeFailed} {
@@ -108,9 +164,17 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 			m.reconcile.WithLabelValues(o)
 		}
 	}
-	m.scrapeErr.WithLabelValues("outbox_backlog")
-	m.scrapeErr.WithLabelValues("reconcile_status")
-	for _, c := range []prometheus.Collector{m.messages, m.ingress, m.relay, m.relayDur, m.deleted, m.reconcile, m.scrapeErr, &backlogCollector{m: m}} {
+	for _, q := range []string{scrapeBacklog, scrapeReconcile, scrapeJetStream, scrapeDeadLetters} {
+		m.scrapeErr.WithLabelValues(q)
+	}
+	bi := buildinfo.Read()
+	m.buildInfo.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
+	reader, err := ops.New(w.pool, ops.Config{Schema: w.cfg.Schema})
+	if err != nil {
+		return err
+	}
+	for _, c := range []prometheus.Collector{m.messages, m.ingress, m.relay, m.relayDur, m.deleted, m.reconcile, m.scrapeErr,
+		m.ingressDur, m.batchDur, m.handlerDur, m.endToEnd, m.buildInfo, &backlogCollector{m: m, ops: reader}} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -118,8 +182,23 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 	return nil
 }
 
-// backlogCollector reads the outbox backlog at scrape time.
-type backlogCollector struct{ m *metrics }
+// backlogCollector reads, at scrape time, what no single worker counts: the
+// outbox backlog, the intents not yet proven, JetStream's view of each consumer,
+// and the open dead letters. Each read goes through the same query as `worker
+// stats`; a failed one is counted in idem_scrape_errors_total{query} and logged,
+// and only its own series are missing from that scrape.
+type backlogCollector struct {
+	m   *metrics
+	ops *ops.Reader
+}
+
+// The query label of idem_scrape_errors_total.
+const (
+	scrapeBacklog     = "outbox_backlog"
+	scrapeReconcile   = "reconcile_status"
+	scrapeJetStream   = "jetstream_consumers"
+	scrapeDeadLetters = "dead_letters"
+)
 
 var (
 	descPending  = prometheus.NewDesc("idem_outbox_pending_rows", "Outbox rows not yet published.", nil, nil)
@@ -128,10 +207,14 @@ var (
 	descOldestUn = prometheus.NewDesc("idem_outbox_oldest_unproven_age_seconds", "Age of the oldest published intent not yet settled by every consumer (0 when none).", nil, nil)
 	descRedriven = prometheus.NewDesc("idem_outbox_redriven_rows", "Outbox rows still kept that the reconciler re-drove at least once (the stream lost them).", nil, nil)
 	descAlerted  = prometheus.NewDesc("idem_outbox_alerted_rows", "Outbox rows still kept that the reconciler gave up on and dead-lettered: past every horizon.", nil, nil)
+	descJSPend   = prometheus.NewDesc("idem_consumer_pending_messages", "Messages in the stream not yet delivered to the durable consumer (JetStream's num_pending), by consumer.", []string{"consumer"}, nil)
+	descJSAck    = prometheus.NewDesc("idem_consumer_ack_pending_messages", "Messages delivered to the durable consumer and not yet acknowledged (num_ack_pending), by consumer.", []string{"consumer"}, nil)
+	descJSRedel  = prometheus.NewDesc("idem_consumer_redelivered_messages", "Messages delivered more than once and still unacknowledged (num_redelivered), by consumer.", []string{"consumer"}, nil)
+	descDead     = prometheus.NewDesc("idem_dead_letters", "Dead letters not yet replayed, by consumer (the relay's under \"(relay)\").", []string{"consumer"}, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead} {
 		ch <- d
 	}
 }
@@ -140,22 +223,48 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	w := c.m.w
-	b, err := w.outbox.Backlog(ctx, w.pool)
-	if err != nil {
-		c.m.scrapeErr.WithLabelValues("outbox_backlog").Inc()
-		w.log.WarnContext(ctx, "metrics: outbox backlog query failed", "err", err)
-		return
+	failed := func(query string, err error) {
+		c.m.scrapeErr.WithLabelValues(query).Inc()
+		w.log.WarnContext(ctx, "metrics: scrape-time query failed; its series are missing from this scrape", "query", query, "err", err)
 	}
-	ch <- prometheus.MustNewConstMetric(descPending, prometheus.GaugeValue, float64(b.Pending))
-	ch <- prometheus.MustNewConstMetric(descOldest, prometheus.GaugeValue, b.OldestAge.Seconds())
-	s, err := reconcile.ReadStatus(ctx, w.pool, w.cfg.Schema)
-	if err != nil {
-		c.m.scrapeErr.WithLabelValues("reconcile_status").Inc()
-		w.log.WarnContext(ctx, "metrics: reconcile status query failed", "err", err)
-		return
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	ch <- prometheus.MustNewConstMetric(descUnproven, prometheus.GaugeValue, float64(s.Unproven))
-	ch <- prometheus.MustNewConstMetric(descOldestUn, prometheus.GaugeValue, s.OldestUnprovenAge.Seconds())
-	ch <- prometheus.MustNewConstMetric(descRedriven, prometheus.GaugeValue, float64(s.Redriven))
-	ch <- prometheus.MustNewConstMetric(descAlerted, prometheus.GaugeValue, float64(s.Alerted))
+
+	if b, err := w.outbox.Backlog(ctx, w.pool); err != nil {
+		failed(scrapeBacklog, err)
+	} else {
+		gauge(descPending, float64(b.Pending))
+		gauge(descOldest, b.OldestAge.Seconds())
+	}
+	if s, err := reconcile.ReadStatus(ctx, w.pool, w.cfg.Schema); err != nil {
+		failed(scrapeReconcile, err)
+	} else {
+		gauge(descUnproven, float64(s.Unproven))
+		gauge(descOldestUn, s.OldestUnprovenAge.Seconds())
+		gauge(descRedriven, float64(s.Redriven))
+		gauge(descAlerted, float64(s.Alerted))
+	}
+	if js, err := ops.ReadJetStream(ctx, w.js, w.cfg.Stream.Name); err != nil {
+		failed(scrapeJetStream, err)
+	} else {
+		for _, cl := range js.Consumers {
+			gauge(descJSPend, float64(cl.NumPending), cl.Name)
+			gauge(descJSAck, float64(cl.NumAckPending), cl.Name)
+			gauge(descJSRedel, float64(cl.NumRedelivered), cl.Name)
+		}
+	}
+	if open, err := c.ops.OpenDeadLetters(ctx); err != nil {
+		failed(scrapeDeadLetters, err)
+	} else {
+		// Every consumer of this worker has a series, at 0 when it has none.
+		for _, wc := range w.consumers {
+			if _, ok := open[wc.Config().Name]; !ok {
+				open[wc.Config().Name] = 0
+			}
+		}
+		for name, n := range open {
+			gauge(descDead, float64(n), name)
+		}
+	}
 }

@@ -439,6 +439,46 @@ func TestMetrics(t *testing.T) {
 	if got := gather("idem_outbox_pending_rows"); got != 0 {
 		t.Errorf("idem_outbox_pending_rows = %v, want 0", got)
 	}
+	// The histograms: one request, one message from its outbox row to its commit.
+	histogram := func(name string) (count uint64, sum float64) {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == name {
+				for _, m := range f.GetMetric() {
+					count += m.GetHistogram().GetSampleCount()
+					sum += m.GetHistogram().GetSampleSum()
+				}
+			}
+		}
+		return count, sum
+	}
+	if n, _ := histogram("idem_ingress_request_duration_seconds"); n != 1 {
+		t.Errorf("idem_ingress_request_duration_seconds counts %d requests, want 1", n)
+	}
+	if n, sum := histogram("idem_end_to_end_latency_seconds"); n != 1 || sum <= 0 || sum > 45 {
+		t.Errorf("idem_end_to_end_latency_seconds: %d samples, sum %vs; want one, between 0 and the test's wait", n, sum)
+	}
+	for _, name := range []string{"idem_consumer_batch_duration_seconds", "idem_consumer_handler_duration_seconds"} {
+		if n, _ := histogram(name); n < 1 {
+			t.Errorf("%s has no sample after a processed batch", name)
+		}
+	}
+	if got := gather("idem_build_info"); got != 1 {
+		t.Errorf("idem_build_info = %v, want 1", got)
+	}
+	// JetStream's view of the consumer, and its open dead letters: a series each,
+	// drained and none.
+	for _, name := range []string{"idem_consumer_pending_messages", "idem_consumer_ack_pending_messages", "idem_dead_letters"} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n < 1 {
+			t.Errorf("%s: %d series (%v), want one per consumer", name, n, err)
+		}
+		if got := gather(name); got != 0 {
+			t.Errorf("%s = %v after the message was processed, want 0", name, got)
+		}
+	}
 	// Published and consumed; proven or not depending on whether the reconciler's
 	// pass at start saw the settlement (the next is 30s away): the gauge says which.
 	unproven := o.env.DB.Count(t, `SELECT count(*) FROM orders_idem.idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL`)
@@ -461,6 +501,10 @@ func TestMetrics(t *testing.T) {
 	_, _ = reg.Gather()
 	if got := gather("idem_scrape_errors_total"); got < 1 {
 		t.Errorf("idem_scrape_errors_total = %v after a failed backlog query, want >= 1", got)
+	}
+	// Only the failed query's series are missing: the others are still read.
+	if n, err := testutil.GatherAndCount(reg, "idem_dead_letters"); err != nil || n < 1 {
+		t.Errorf("idem_dead_letters: %d series (%v) while the backlog query fails, want them still there", n, err)
 	}
 	if _, err := o.env.DB.Pool.Exec(context.Background(), `ALTER TABLE orders_idem.gone RENAME TO idem_outbox`); err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idemkit/idem/internal/buildinfo"
 	"io"
 	"log/slog"
 	"net/http"
@@ -45,6 +46,7 @@ func main() {
 
 // options are the global flags, shared by every command.
 type options struct {
+	version      bool
 	api          string
 	journal      string
 	scope        string
@@ -111,6 +113,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxAttempts, "max-attempts", o.maxAttempts, "sends per intent in this run before leaving it pending for resume")
 	fs.DurationVar(&o.lockWait, "lock-wait", o.lockWait, "how long to wait for another enqueue that holds the journal")
 	fs.BoolVar(&o.verbose, "verbose", o.verbose, "log every attempt on stderr")
+	fs.BoolVar(&o.version, "version", o.version, "print the version and exit")
 }
 
 const usageText = `usage: enqueue [flags] <command> [command flags] [flags]
@@ -161,6 +164,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return exitDone
 		}
 		return exitError
+	}
+	if o.version {
+		fmt.Fprintln(stdout, buildinfo.Read())
+		return exitDone
 	}
 	if root.NArg() == 0 {
 		root.Usage()

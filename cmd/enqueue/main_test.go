@@ -459,3 +459,13 @@ func TestRedirectNotFollowed(t *testing.T) {
 		t.Fatalf("server saw %q, want only %q", seen, want)
 	}
 }
+
+// --version prints the build and exits 0, whatever else is on the line.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	code := run(t.Context(), []string{"--version"}, func(string) string { return "" }, &stdout, &stderr)
+	if code != exitDone || !strings.HasPrefix(stdout.String(), "idem ") {
+		t.Fatalf("--version = %d, %q (stderr %q), want 0 and \"idem <version> ...\"", code, stdout.String(), stderr.String())
+	}
+}

@@ -25,11 +25,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/idemkit/idem/internal/buildinfo"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -61,6 +63,8 @@ type options struct {
 	ackWait         time.Duration
 	reconcileAfter  string
 	noMigrate       bool
+	metricsAddr     string
+	version         bool
 }
 
 func env(name, def string) string {
@@ -77,6 +81,8 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", runenv.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
 	fs.StringVar(&o.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URL; empty starts an embedded JetStream server (env NATS_URL)")
 	fs.StringVar(&o.httpAddr, "http-addr", env("IDEM_HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env IDEM_HTTP_ADDR)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", env("IDEM_METRICS_ADDR", ""), "serve /metrics on this address instead of the HTTP address, e.g. 127.0.0.1:9090 (env IDEM_METRICS_ADDR)")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", defaultDataDir()), "directory for the embedded JetStream store, the private Postgres, the worker's lock and its database record; "+
 		"the operator commands find a running worker's files there (env IDEM_DATA_DIR; default $XDG_STATE_HOME/idem, else ~/.local/state/idem, /var/lib/idem for root)")
 	fs.StringVar(&o.smtpAddr, "smtp-addr", env("IDEM_SMTP_ADDR", ""), "SMTP server host:port for the email consumer; empty runs none (env IDEM_SMTP_ADDR)")
@@ -166,6 +172,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
 		cmd, args = args[0], args[1:]
 	}
+	if cmd == "" && slices.ContainsFunc(args, func(a string) bool { return a == "--version" || a == "-version" }) {
+		fmt.Fprintln(stdout, buildinfo.Read())
+		return 0
+	}
 	var err error
 	switch cmd {
 	case "":
@@ -224,11 +234,12 @@ func runService(args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg := refapp.Config{
-		HTTPAddr:  o.httpAddr,
-		Email:     refapp.EmailConfig{Addr: o.smtpAddr},
-		Schema:    o.schema,
-		NoMigrate: o.noMigrate,
-		Logger:    log,
+		HTTPAddr:    o.httpAddr,
+		MetricsAddr: o.metricsAddr,
+		Email:       refapp.EmailConfig{Addr: o.smtpAddr},
+		Schema:      o.schema,
+		NoMigrate:   o.noMigrate,
+		Logger:      log,
 	}
 	if err := applyRoles(&cfg, o.roles); err != nil {
 		return err

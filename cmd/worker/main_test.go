@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -266,5 +267,17 @@ func TestComponentFailureExitsNonZero(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("the worker kept running without its charges consumer")
+	}
+}
+
+// --version prints the build and exits 0 without connecting anywhere.
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	var out, errb bytes.Buffer
+	if code := run([]string{"--version", "--database-url", "postgres://nobody@127.0.0.1:1/none"}, &out, &errb); code != 0 {
+		t.Fatalf("--version = %d: %s", code, errb.String())
+	}
+	if !strings.HasPrefix(out.String(), "idem ") || !strings.Contains(out.String(), runtime.Version()) {
+		t.Errorf("--version printed %q, want \"idem <version> (<revision>, <go version>)\"", out.String())
 	}
 }
