@@ -13,6 +13,7 @@ run:
 ## test: vet, the whole suite under the race detector, and short fuzz runs
 test: vet
 	$(GO) test $(TEST_FLAGS) ./...
+	cd test/deploy/compose && $(GO) vet ./... && $(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) fuzz FUZZ_JOURNAL=50000x FUZZ_KEY=300000x
 
 vet:

@@ -6,8 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
@@ -109,8 +109,11 @@ type Config struct {
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// TracerProvider makes one span per delivery, continuing the producer's trace
-	// from the traceparent header (default: no tracing).
+	// TracerProvider makes one span per delivery ("process <subject>",
+	// OpenTelemetry messaging conventions, failed when its handler fails or it is
+	// dead-lettered), continuing the producer's trace from the message headers
+	// through the global propagator (default: the global provider,
+	// otel.GetTracerProvider).
 	TracerProvider trace.TracerProvider
 	// Observer, when set, is told every settled delivery: events with Component
 	// idem.ComponentConsumer, Name the consumer's name and one of the Outcome
@@ -197,7 +200,7 @@ func (c Config) WithDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	if c.TracerProvider == nil {
-		c.TracerProvider = noop.NewTracerProvider()
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	return c
 }

@@ -186,23 +186,51 @@ func (c *Consumer) Run(ctx context.Context) error {
 // it waits, with Health saying so; any other refusal (a filter outside the
 // stream's subjects, say) is an error. It returns nil, nil when ctx ends first.
 func (c *Consumer) createDurable(ctx context.Context) (jetstream.Consumer, error) {
+	failures := 0
 	for {
 		jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
 		if err == nil {
 			c.setHealth(nil)
 			return jc, nil
 		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.cfg.Stream))
+			c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.cfg.Stream)
+		case refused(err), failures+1 >= maxCreateFailures:
 			return nil, fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
+		default:
+			// JetStream answers a configuration it will not take over ("ack policy
+			// can not be updated") and a passing state ("consumer closed", while its
+			// stream is being deleted) alike, with a 500; a server may also not
+			// answer. Try again a few times, not-ready meanwhile: what persists is
+			// the configuration, and fails the consumer.
+			failures++
+			c.setHealth(fmt.Errorf("consumer %s: cannot create its durable consumer on stream %s yet: %w", c.cfg.Name, c.cfg.Stream, err))
+			c.log.WarnContext(ctx, "consumer: creating the durable consumer failed; retrying", "stream", c.cfg.Stream, "err", err)
 		}
-		c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.cfg.Stream))
-		c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.cfg.Stream)
 		select {
 		case <-ctx.Done():
 			return nil, nil
 		case <-time.After(c.cfg.CheckInterval):
 		}
 	}
+}
+
+// maxCreateFailures is how many failed attempts to create the durable consumer
+// (other than the stream missing, which is waited for) fail the consumer.
+const maxCreateFailures = 3
+
+// refused reports a request JetStream answered with a 4xx other than a missing
+// stream: the configuration is wrong (a filter outside the stream, a durable of the
+// same name with another configuration), and retrying cannot help.
+func refused(err error) bool {
+	var api jetstream.JetStreamError
+	if !errors.As(err, &api) || api.APIError() == nil {
+		return false
+	}
+	code := api.APIError().Code
+	return code >= 400 && code < 500 && !errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // Health says why the consumer cannot receive messages right now (its durable

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"github.com/idemkit/idem/internal/otelmsg"
 )
 
 // deadLetter files d in idem_dead_letters with reason, then terminates it on the
@@ -37,5 +38,6 @@ func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
 	if err := d.raw.TermWithReason(truncate(reason, 200)); err != nil {
 		c.log.WarnContext(ctx, "terminate failed; the redelivery will be dead-lettered again (once)", "key", d.Key, "err", err)
 	}
+	otelmsg.Failf(d.span, "dead-lettered: %s", truncate(reason, 200))
 	c.observe(OutcomeDeadLettered, 1, 0)
 }

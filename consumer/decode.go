@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"github.com/idemkit/idem/internal/otelmsg"
 	"time"
 
 	"context"
@@ -8,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
@@ -54,15 +54,14 @@ func decode(m jetstream.Msg) (*Delivery, string) {
 	return d, ""
 }
 
-// startSpan opens the delivery's span as a child of the trace the producer put in
-// the headers (traceparent), if any.
+// startSpan opens the delivery's process span ("process <subject>", OpenTelemetry
+// messaging conventions) as a child of the trace the producer put in the headers,
+// read with the global propagator.
 func (c *Consumer) startSpan(ctx context.Context, d *Delivery) {
-	parent := propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier(d.Headers))
-	d.ctx, d.span = c.tracer.Start(parent, "idem.consume "+d.Subject,
-		trace.WithSpanKind(trace.SpanKindConsumer),
-		trace.WithAttributes(
-			attribute.String("idem.consumer", c.cfg.Name),
-			attribute.String("idem.key", d.Key),
-			attribute.Int("idem.deliveries", d.Deliveries),
-		))
+	parent := otelmsg.Extract(ctx, d.Headers)
+	attrs := append(otelmsg.Process(d.Subject, d.Headers[idem.HeaderMsgID], c.cfg.Name),
+		attribute.String("idem.key", d.Key),
+		attribute.Int("idem.deliveries", d.Deliveries))
+	d.ctx, d.span = c.tracer.Start(parent, otelmsg.SpanName(otelmsg.OpProcess, d.Subject),
+		trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/codes"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -393,7 +394,53 @@ func TestExternalContinuesProducerTrace(t *testing.T) {
 	if got, _ := seen.Load().(string); got != traceID {
 		t.Errorf("Perform's trace id = %q, want the producer's %s", got, traceID)
 	}
-	if sp := rec.Ended()[0]; sp.Name() != "idem.consume "+testenv.Subject || sp.SpanContext().TraceID().String() != traceID {
-		t.Errorf("span %q in trace %s, want the consume span in the producer's trace", sp.Name(), sp.SpanContext().TraceID())
+	sp := rec.Ended()[0]
+	if sp.Name() != "process "+testenv.Subject || sp.SpanContext().TraceID().String() != traceID || sp.SpanKind() != trace.SpanKindConsumer {
+		t.Errorf("span %q (%v) in trace %s, want the process span in the producer's trace", sp.Name(), sp.SpanKind(), sp.SpanContext().TraceID())
+	}
+	attrs := map[string]string{}
+	for _, a := range sp.Attributes() {
+		attrs[string(a.Key)] = a.Value.Emit()
+	}
+	for k, want := range map[string]string{
+		"messaging.system": "nats", "messaging.operation.type": "process", "messaging.operation.name": "process",
+		"messaging.destination.name": testenv.Subject, "messaging.consumer.group.name": cfg.Name,
+	} {
+		if attrs[k] != want {
+			t.Errorf("process span %s = %q, want %q", k, attrs[k], want)
+		}
+	}
+}
+
+// A failing effect fails its process span: the error is recorded and the status
+// says why, so a trace backend shows where an intent stopped.
+func TestFailedEffectFailsItsSpan(t *testing.T) {
+	b := setup(t)
+	rec := tracetest.NewSpanRecorder()
+	h := consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
+		return nil, consumer.Permanent(errors.New("the provider refused the card"))
+	})
+	cfg := b.extConfig(h)
+	cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	msg := nats.NewMsg(testenv.Subject)
+	msg.Header.Set(idem.HeaderKey, "k-refused")
+	msg.Data = []byte("x")
+	if _, err := b.env.JS.PublishMsg(context.Background(), msg); err != nil {
+		t.Fatal(err)
+	}
+	b.start(t, cfg)
+	testenv.Eventually(t, 45*time.Second, "the refused message dead-lettered and its span ended", func() bool {
+		return b.out.Get(consumer.OutcomeDeadLettered) == 1 && len(rec.Ended()) == 1
+	})
+	sp := rec.Ended()[0]
+	if sp.Status().Code != codes.Error || !strings.Contains(sp.Status().Description, "dead-lettered") {
+		t.Errorf("span status %v %q, want Error naming the dead letter", sp.Status().Code, sp.Status().Description)
+	}
+	recorded := false
+	for _, e := range sp.Events() {
+		recorded = recorded || (e.Name == "exception" && strings.Contains(fmt.Sprint(e.Attributes), "refused the card"))
+	}
+	if !recorded {
+		t.Errorf("the handler's error is not recorded on the span (events %v)", sp.Events())
 	}
 }

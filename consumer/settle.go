@@ -5,6 +5,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"github.com/idemkit/idem/internal/otelmsg"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ func (c *Consumer) ack(ctx context.Context, d *Delivery) {
 // attempt: dead-letter it when the error is permanent or the attempts are used up,
 // retry it later otherwise.
 func (c *Consumer) fail(ctx context.Context, d *Delivery, attempt int, err error) {
+	otelmsg.Fail(d.span, err)
 	switch {
 	case IsPermanent(err):
 		c.deadLetter(ctx, d, fmt.Sprintf("%s: %v", reasonPermanent, err))

@@ -10,10 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/pgschema"
 )
 
@@ -35,6 +35,11 @@ type Config struct {
 	// (RelayConfig.Stream), if any: its name travels in a header, which the size
 	// check counts.
 	Stream string
+	// TracerProvider makes a producer span per message enqueued ("enqueue
+	// <subject>", OpenTelemetry messaging conventions), whose trace context the
+	// message carries (default: the global provider, otel.GetTracerProvider). The
+	// context travels through the global propagator (otel.SetTextMapPropagator).
+	TracerProvider trace.TracerProvider
 }
 
 // ErrTooLarge is returned (wrapped) by Enqueue for a message bigger than
@@ -63,6 +68,7 @@ type Outbox struct {
 	q       queries
 	channel string
 	wake    waker
+	tracer  trace.Tracer
 }
 
 // New returns an Outbox.
@@ -71,7 +77,7 @@ func New(cfg Config) (*Outbox, error) {
 		return nil, err
 	}
 	cfg.Subjects = append([]string(nil), cfg.Subjects...)
-	return &Outbox{cfg: cfg, q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema)}, nil
+	return &Outbox{cfg: cfg, q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}, nil
 }
 
 // Enqueue writes msgs into the outbox inside the caller's transaction, in one
@@ -83,7 +89,8 @@ func New(cfg Config) (*Outbox, error) {
 // Payload non-nil. Headers must be valid NATS headers and must not set
 // Idempotency-Key or Nats-Msg-Id: the relay derives both from key and subject, and a
 // caller's own Msg-Id would let the broker fold a different intent into this one.
-// The caller's trace context (traceparent) is added to the headers.
+// Each message gets a producer span (Config.TracerProvider), whose trace context is
+// added to its headers through the global propagator.
 //
 // After an error the transaction is aborted (or the message was refused before any
 // statement ran, in which case nothing was written); roll it back.
@@ -160,14 +167,14 @@ func (o *Outbox) prepare(ctx context.Context, msgs []idem.Message, generation st
 		if err := o.check(m); err != nil {
 			return nil, fmt.Errorf("outbox: enqueue message %d: %w", i, err)
 		}
-		h := withTraceContext(ctx, m.Headers)
-		hj, err := json.Marshal(h)
-		if err != nil {
-			return nil, fmt.Errorf("outbox: enqueue: encode headers: %w", err)
-		}
 		r.keys[i], r.subjects[i], r.msgIDs[i] = m.Key, m.Subject, idem.MsgID(m.Subject, m.Key)
 		if generation != "" {
 			r.msgIDs[i] += " " + generation
+		}
+		h := o.traced(ctx, m, r.msgIDs[i])
+		hj, err := json.Marshal(h)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: enqueue: encode headers: %w", err)
 		}
 		if size := wireSize(m.Key, r.msgIDs[i], o.cfg.Stream, h, m.Payload); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
 			return nil, fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.cfg.MaxPayload)
@@ -230,16 +237,18 @@ const enqueuedAtLayout = "2006-01-02T15:04:05.000000Z07:00"
 // enqueuedAtSample is a value in that layout, as long as every one of them.
 const enqueuedAtSample = "2006-01-02T15:04:05.000000Z"
 
-// withTraceContext adds the caller's W3C trace context (traceparent, tracestate) to
-// the message headers, so the consumer's span continues the producer's trace. The
-// caller's map is not modified.
-func withTraceContext(ctx context.Context, headers map[string]string) map[string]string {
-	h := make(map[string]string, len(headers)+2)
-	maps.Copy(h, headers)
-	if trace.SpanContextFromContext(ctx).IsValid() {
-		if _, set := h["traceparent"]; !set {
-			propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(h))
-		}
+// traced starts the message's producer span ("enqueue <subject>", a child of the
+// caller's span), and returns the headers with its trace context added through the
+// global propagator, so the consumer's span continues it. A traceparent the caller
+// set is kept as it is. The caller's map is not modified.
+func (o *Outbox) traced(ctx context.Context, m idem.Message, msgID string) map[string]string {
+	h := make(map[string]string, len(m.Headers)+2)
+	maps.Copy(h, m.Headers)
+	ctx, span := o.tracer.Start(ctx, otelmsg.SpanName(otelmsg.OpEnqueue, m.Subject),
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(otelmsg.Create(m.Subject, msgID)...))
+	defer span.End()
+	if _, set := h["traceparent"]; !set {
+		otelmsg.Inject(ctx, h)
 	}
 	return h
 }

@@ -12,9 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/pgschema"
 )
 
@@ -81,6 +83,10 @@ type RelayConfig struct {
 	AwaitProof bool
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// TracerProvider makes one span per published batch ("publish <subject>",
+	// OpenTelemetry messaging conventions, linked to each message's producer span),
+	// failed when a publish in it failed (default: the global provider).
+	TracerProvider trace.TracerProvider
 	// Observer, when set, is told each batch's outcome (for metrics): events with
 	// Component idem.ComponentRelay and Outcome OutcomePublished or OutcomeFailed.
 	Observer idem.Observer
@@ -143,6 +149,7 @@ type Relay struct {
 	q       queries
 	channel string
 	pubOpts []jetstream.PublishOpt
+	tracer  trace.Tracer
 }
 
 // NewRelay returns a relay over pool's outbox publishing to js.
@@ -152,7 +159,7 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Rel
 	}
 	cfg = cfg.withDefaults()
 	r := &Relay{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "relay"),
-		q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema)}
+		q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}
 	if cfg.Stream != "" {
 		r.pubOpts = append(r.pubOpts, jetstream.WithExpectStream(cfg.Stream))
 	}
@@ -245,6 +252,7 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 
 	epoch := r.connEpoch()
 	ok, failed := r.publish(ctx, batch)
+	r.traceBatch(ctx, start, batch, failed)
 	// A connection that was down, or dropped and came back, while the batch was
 	// out explains every failure of the batch: none is charged.
 	dropped := !epoch.connected || r.connEpoch() != epoch
@@ -293,6 +301,36 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 		r.log.ErrorContext(ctx, "relay: rows that cannot be published were dead-lettered", "rows", len(dead.ids), "reason", dead.reasons[0])
 	}
 	return len(ok.ids), full, nil
+}
+
+// traceBatch records the batch's send span, from start to now: one span per batch
+// (a span per message would cost more than the publish), linked to each message's
+// producer span, failed if any publish failed.
+func (r *Relay) traceBatch(ctx context.Context, start time.Time, batch []outboxRow, failed map[int64]error) {
+	dest := batch[0].subject
+	for _, o := range batch {
+		if o.subject != dest {
+			dest = r.cfg.Stream // mixed subjects: name the stream
+			break
+		}
+	}
+	_, span := r.tracer.Start(ctx, otelmsg.SpanName(otelmsg.OpPublish, dest), trace.WithTimestamp(start),
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(otelmsg.Send(dest, len(batch))...))
+	defer span.End()
+	if !span.IsRecording() {
+		return // no tracing: skip decoding every row's headers
+	}
+	for _, o := range batch {
+		var h map[string]string
+		if json.Unmarshal(o.headers, &h) == nil {
+			if sc := trace.SpanContextFromContext(otelmsg.Extract(context.Background(), h)); sc.IsValid() {
+				span.AddLink(trace.Link{SpanContext: sc})
+			}
+		}
+	}
+	if len(failed) > 0 {
+		otelmsg.Fail(span, fmt.Errorf("%d of %d publishes failed: %w", len(failed), len(batch), firstErr(failed)))
+	}
 }
 
 // acked are the rows the stream acknowledged, with where each landed.

@@ -43,8 +43,9 @@ type Config struct {
 	MetricsAddr string
 	// HTTP bounds the HTTP server's waits and headers.
 	HTTP HTTPConfig
-	// Email, when Email.Addr is set, runs the email consumer sending through that
-	// SMTP server. Without it emails stay queued in the stream.
+	// Email, when it names an SMTP server (Email.URL, or the deprecated
+	// Email.Addr), runs the email consumer sending through that server. Without
+	// one emails stay queued in the stream.
 	Email EmailConfig
 
 	// Roles: every worker runs all of them unless disabled, so several workers can
@@ -119,7 +120,7 @@ func (c HTTPConfig) withDefaults() HTTPConfig {
 }
 
 // WorkerConfig is the worker.Config of the application: stream IDEM on idem.>, the
-// charge consumer and (with Email.Addr) the email consumer, the relay, the ingress
+// charge consumer and (with an SMTP server in Email) the email consumer, the relay, the ingress
 // middleware and retention, each as enabled.
 func (c Config) WorkerConfig() (worker.Config, error) {
 	stream := c.Stream
@@ -153,7 +154,7 @@ func (c Config) WorkerConfig() (worker.Config, error) {
 		charges.Name, charges.Subject = ChargeConsumer, SubjectCharge
 		charges.Handler, charges.BatchHandler, charges.External = nil, ChargeHandler{}, nil
 		wc.Consumers = append(wc.Consumers, charges)
-		if c.Email.Addr != "" {
+		if c.Email.Enabled() {
 			h, err := NewEmailHandler(c.Email)
 			if err != nil {
 				return worker.Config{}, fmt.Errorf("refapp: %w", err)

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -39,9 +42,22 @@ func Routes(mw *producer.Middleware, log *slog.Logger) http.Handler {
 	}
 	in := &ingress{log: log}
 	mux := http.NewServeMux()
-	mux.Handle("POST /v1/payments", mw.Wrap(http.HandlerFunc(in.payment)))
-	mux.Handle("POST /v1/emails", mw.Wrap(http.HandlerFunc(in.email)))
+	mux.Handle("POST /v1/payments", route(mw.Wrap(http.HandlerFunc(in.payment))))
+	mux.Handle("POST /v1/emails", route(mw.Wrap(http.HandlerFunc(in.email))))
 	return mux
+}
+
+// route sets http.route on the request's server span (if any) from the route that
+// matched; otelhttp names the span after it (see traced).
+func route(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+			if _, path, ok := strings.Cut(r.Pattern, " "); ok {
+				span.SetAttributes(semconv.HTTPRoute(path))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 type ingress struct {

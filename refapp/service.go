@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,9 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/idemkit/idem/worker"
 )
@@ -190,17 +191,26 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	return errors.Join(herr, werr)
 }
 
-// traced continues the caller's trace (traceparent) in a server span, so the outbox
-// rows written by the handler carry it on to the consumers.
+// traced serves next inside an HTTP server span (otelhttp), continuing the
+// caller's trace read with the global propagator, so the outbox rows the handler
+// writes carry it on to the consumers. The span is named by its route (spanName),
+// never by the raw path: a path holds ids, and span names must stay few.
 func traced(tp trace.TracerProvider, next http.Handler) http.Handler {
 	if tp == nil {
-		tp = noop.NewTracerProvider()
+		tp = otel.GetTracerProvider()
 	}
-	tracer := tp.Tracer("github.com/idemkit/idem/refapp")
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-		ctx, span := tracer.Start(ctx, r.Method+" "+r.URL.Path, trace.WithSpanKind(trace.SpanKindServer))
-		defer span.End()
-		next.ServeHTTP(w, r.WithContext(ctx))
-	})
+	return otelhttp.NewHandler(next, "http", otelhttp.WithTracerProvider(tp), otelhttp.WithSpanNameFormatter(spanName))
+}
+
+// spanName is the route that matched ("POST /v1/payments"; otelhttp asks again
+// once the handler has run, when the route is known), or the method alone.
+func spanName(_ string, r *http.Request) string {
+	switch {
+	case r.Pattern == "":
+		return r.Method
+	case strings.Contains(r.Pattern, " "):
+		return r.Pattern
+	default:
+		return r.Method + " " + r.Pattern
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"net"
 	"net/http"
@@ -313,12 +314,58 @@ func TestTraceContextAndMetrics(t *testing.T) {
 	}
 	testenv.Eventually(t, 45*time.Second, "consumer span in the request's trace", func() bool {
 		for _, sp := range rec.Ended() {
-			if strings.HasPrefix(sp.Name(), "idem.consume") && sp.SpanContext().TraceID().String() == traceID {
+			if strings.HasPrefix(sp.Name(), "process ") && sp.SpanContext().TraceID().String() == traceID {
 				return true
 			}
 		}
 		return false
 	})
+	// The whole chain, by the messaging conventions: the HTTP server span named by
+	// its route, the enqueue span in the request's trace, the relay's publish span
+	// linked to it, and the process span its child.
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	servers := map[trace.SpanID]bool{} // the first request's and the replay's
+	for _, sp := range rec.Ended() {
+		if sp.SpanContext().TraceID().String() == traceID || sp.Name() == "publish "+refapp.SubjectCharge {
+			byName[sp.Name()] = sp
+		}
+		if sp.Name() == "POST /v1/payments" {
+			servers[sp.SpanContext().SpanID()] = true
+		}
+	}
+	server, enqueue, publish, process := byName["POST /v1/payments"], byName["enqueue "+refapp.SubjectCharge],
+		byName["publish "+refapp.SubjectCharge], byName["process "+refapp.SubjectCharge]
+	if server == nil || enqueue == nil || publish == nil || process == nil {
+		var names []string
+		for _, sp := range rec.Ended() {
+			names = append(names, sp.Name())
+		}
+		t.Fatalf("spans %q: want the server, enqueue, publish and process spans", names)
+	}
+	if server.SpanKind() != trace.SpanKindServer || enqueue.SpanKind() != trace.SpanKindProducer ||
+		publish.SpanKind() != trace.SpanKindProducer || process.SpanKind() != trace.SpanKindConsumer {
+		t.Errorf("span kinds: server %v, enqueue %v, publish %v, process %v", server.SpanKind(), enqueue.SpanKind(), publish.SpanKind(), process.SpanKind())
+	}
+	if !servers[enqueue.Parent().SpanID()] || process.Parent().SpanID() != enqueue.SpanContext().SpanID() {
+		t.Errorf("parents: enqueue's %s (want a POST /v1/payments server span), process's %s (want the enqueue span %s)",
+			enqueue.Parent().SpanID(), process.Parent().SpanID(), enqueue.SpanContext().SpanID())
+	}
+	linked := false
+	for _, l := range publish.Links() {
+		linked = linked || l.SpanContext.SpanID() == enqueue.SpanContext().SpanID()
+	}
+	if !linked {
+		t.Errorf("the publish span has no link to the message's enqueue span")
+	}
+	for _, sp := range []sdktrace.ReadOnlySpan{enqueue, publish, process} {
+		attrs := map[string]string{}
+		for _, a := range sp.Attributes() {
+			attrs[string(a.Key)] = a.Value.Emit()
+		}
+		if attrs["messaging.system"] != "nats" || attrs["messaging.destination.name"] != refapp.SubjectCharge || attrs["messaging.operation.type"] == "" {
+			t.Errorf("span %q attributes %v: want messaging.system nats, the subject and an operation type", sp.Name(), attrs)
+		}
+	}
 
 	wants := []string{
 		`idem_consumer_messages_total{consumer="charges",outcome="processed"} 1`,

@@ -78,7 +78,9 @@ type Config struct {
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
-	// TracerProvider is given to consumers that have none (default: no tracing).
+	// TracerProvider records the outbox's enqueue spans, the relay's publish spans
+	// and the consumers' process spans, where they have none of their own
+	// (default: the global provider, otel.GetTracerProvider).
 	TracerProvider trace.TracerProvider
 	// Observer is told every event of every component, after the worker's own
 	// metrics (see RegisterMetrics).

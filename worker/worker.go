@@ -84,7 +84,8 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 	// ingress lets in: a request whose message could never be published is refused
 	// with 413 before anything commits.
 	maxPayload := nc.MaxPayload()
-	if w.outbox, err = outbox.New(outbox.Config{Schema: cfg.Schema, Subjects: cfg.Stream.Subjects, MaxPayload: maxPayload, Stream: cfg.Stream.Name}); err != nil {
+	if w.outbox, err = outbox.New(outbox.Config{Schema: cfg.Schema, Subjects: cfg.Stream.Subjects, MaxPayload: maxPayload,
+		Stream: cfg.Stream.Name, TracerProvider: cfg.TracerProvider}); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	budget := connectionBudget(pool, cfg)
@@ -130,6 +131,9 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 		rc.Schema, rc.Stream = cfg.Schema, cfg.Stream.Name
 		// The ingress wakes this relay directly: no NOTIFY on its hot path.
 		rc.Outbox = w.outbox
+		if rc.TracerProvider == nil {
+			rc.TracerProvider = cfg.TracerProvider
+		}
 		rc.Observer = idem.Observers(observe, rc.Observer)
 		if rc.Logger == nil {
 			rc.Logger = w.log
@@ -250,7 +254,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			if err := c.run(runCtx); err != nil {
-				w.fail(fmt.Errorf("worker: %s: %w", c.name, err))
+				w.fail(runCtx, fmt.Errorf("worker: %s: %w", c.name, err))
 			}
 		}()
 	}
@@ -265,14 +269,14 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // fail records the first component failure and stops the others: a worker missing
 // a part is not a worker, and its supervisor should restart it.
-func (w *Worker) fail(err error) {
+func (w *Worker) fail(ctx context.Context, err error) {
 	w.mu.Lock()
 	if w.err == nil {
 		w.err = err
 	}
 	cancel := w.cancel
 	w.mu.Unlock()
-	w.log.Error("component failed; stopping the worker", "err", err)
+	w.log.ErrorContext(ctx, "component failed; stopping the worker", "err", err)
 	cancel()
 }
 

@@ -57,6 +57,7 @@ type options struct {
 	maxAttempts  int
 	lockWait     time.Duration
 	verbose      bool
+	json         bool // accepted for symmetry with worker: the output is always JSON lines
 }
 
 // defaultOptions takes the environment fallbacks; flags override them.
@@ -104,7 +105,7 @@ func defaultJournalPath(getenv func(string) string) string {
 // before the command.
 func (o *options) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.api, "api", o.api, "base `URL` of the idem service (env IDEM_API)")
-	fs.StringVar(&o.journal, "journal", o.journal, "journal file `path` (env IDEM_JOURNAL); created with its directory if missing")
+	fs.StringVar(&o.journal, "journal", o.journal, "journal file `path` (env IDEM_JOURNAL; default $XDG_STATE_HOME/idem/enqueue.journal, else $HOME/.local/state/idem/enqueue.journal); created with its directory if missing")
 	fs.StringVar(&o.scope, "scope", o.scope, "Idempotency-Scope (tenant or principal) for new intents")
 	fs.BoolVar(&o.dropResponse, "drop-response", o.dropResponse, "fault switch: discard the first response as if the network lost it; the retry reuses the key")
 	fs.BoolVar(&o.forgetKey, "forget-key", o.forgetKey, "fault switch: drop the first response AND wipe the key before the retry, so a new key is minted (negative control: a second effect)")
@@ -114,6 +115,7 @@ func (o *options) register(fs *flag.FlagSet) {
 	fs.DurationVar(&o.lockWait, "lock-wait", o.lockWait, "how long to wait for another enqueue that holds the journal")
 	fs.BoolVar(&o.verbose, "verbose", o.verbose, "log every attempt on stderr")
 	fs.BoolVar(&o.version, "version", o.version, "print the version and exit")
+	fs.BoolVar(&o.json, "json", o.json, "accepted for symmetry with worker --json: the output is always JSON lines")
 }
 
 const usageText = `usage: enqueue [flags] <command> [command flags] [flags]
@@ -140,10 +142,16 @@ re-sent, reconcile it by hand). Two fields appear only when they apply:
 is never followed: fix --api, then resume). With more than 20 intents, resume and
 list also report progress and a summary on stderr.
 
+Environment:
+  IDEM_API        the default of --api
+  IDEM_JOURNAL    the default of --journal
+  XDG_STATE_HOME  with HOME, where the journal is by default (see --journal)
+
 Exit status:
   0  every intent is done
-  1  usage or I/O error
-  2  some intent ended rejected, pending or expired
+  1  usage error (unknown command or flag, a bad or missing flag value, an extra
+     argument) or I/O error (the journal)
+  2  some intent ended rejected, pending or expired (see its line's status)
 
 Flags (before or after the command):
 `
@@ -212,6 +220,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return exitDone
 		}
 		return exitError
+	}
+	if o.version {
+		fmt.Fprintln(stdout, buildinfo.Read())
+		return exitDone
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "enqueue %s: unexpected argument %q\n", cmd, fs.Arg(0))

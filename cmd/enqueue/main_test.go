@@ -469,3 +469,72 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("--version = %d, %q (stderr %q), want 0 and \"idem <version> ...\"", code, stdout.String(), stderr.String())
 	}
 }
+
+// The conventions shared with worker: flags before or after every command, JSON
+// lines on stdout (--json accepted), the environment variables and the exit codes
+// in --help, --version anywhere.
+func TestCLIConventions(t *testing.T) {
+	f := newFakeIngress(t)
+	env := testEnv(t, f)
+	api, journal := env["IDEM_API"], env["IDEM_JOURNAL"]
+
+	r := runT(t, env, "--help")
+	for _, want := range []string{"IDEM_API", "IDEM_JOURNAL", "XDG_STATE_HOME", "HOME", "Exit status:", "0  every intent is done",
+		"1  usage error", "2  some intent ended rejected", "Flags (before or after the command)", "(env IDEM_API)", "(env IDEM_JOURNAL"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+
+	noEnv := map[string]string{} // flags alone must carry the API and the journal
+	for _, tc := range []struct {
+		env   map[string]string
+		args  []string
+		code  int
+		lines int
+	}{
+		{env, []string{"--json", "charge", "--account", "a", "--amount-cents", "1"}, exitDone, 1},
+		{env, []string{"charge", "--account", "a", "--json", "--amount-cents", "2", "--timeout", "5s"}, exitDone, 1},
+		{noEnv, []string{"--api", api, "--journal", journal, "email", "--to", "a@example.com", "--subject", "s"}, exitDone, 1},
+		{noEnv, []string{"email", "--to", "b@example.com", "--subject", "s", "--api", api, "--journal", journal}, exitDone, 1},
+		{noEnv, []string{"--journal", journal, "list", "--json"}, exitDone, 4},
+		{noEnv, []string{"list", "--journal", journal}, exitDone, 4},
+		{noEnv, []string{"--api", api, "resume", "--journal", journal, "--json"}, exitDone, 0},
+		{noEnv, []string{"prune", "--journal", journal, "--older-than", "1h"}, exitDone, 0},
+		{noEnv, []string{"--journal", journal, "list", "--no-such-flag"}, exitError, 0},
+		{noEnv, []string{"--no-such-flag", "list"}, exitError, 0},
+	} {
+		r := runT(t, tc.env, tc.args...) // fails the test on a stdout line that is not JSON
+		if r.code != tc.code || len(r.lines) != tc.lines {
+			t.Errorf("enqueue %q: exit %d, %d lines (stderr %q); want exit %d and %d lines", tc.args, r.code, len(r.lines), r.stderr, tc.code, tc.lines)
+		}
+	}
+	if n := len(f.executions()); n != 4 {
+		t.Errorf("executions = %d, want 4", n)
+	}
+
+	for _, args := range [][]string{{"--version"}, {"list", "--version"}, {"charge", "--version"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(t.Context(), args, func(string) string { return "" }, &stdout, &stderr); code != exitDone || !strings.HasPrefix(stdout.String(), "idem ") {
+			t.Errorf("enqueue %q = %d, %q; want 0 and the version", args, code, stdout.String())
+		}
+	}
+}
+
+// Each environment variable --help names is read: it becomes the default.
+func TestEnvironmentDefaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env          map[string]string
+		api, journal string
+	}{
+		{map[string]string{"IDEM_API": "http://api.example", "IDEM_JOURNAL": "/j/x"}, "http://api.example", "/j/x"},
+		{map[string]string{"XDG_STATE_HOME": "/state", "HOME": "/home/u"}, client.DefaultBaseURL, "/state/idem/enqueue.journal"},
+		{map[string]string{"HOME": "/home/u"}, client.DefaultBaseURL, "/home/u/.local/state/idem/enqueue.journal"},
+	} {
+		o := defaultOptions(func(k string) string { return tc.env[k] })
+		if o.api != tc.api || o.journal != tc.journal {
+			t.Errorf("environment %v: api %q, journal %q; want %q, %q", tc.env, o.api, o.journal, tc.api, tc.journal)
+		}
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/refapp"
@@ -37,16 +39,34 @@ func openPool(ctx context.Context, o *options) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+const migrateUsage = `usage: worker migrate [--print | --json] [flags]
+
+Applies idem's schema and the application's tables, or with --print writes their
+SQL (for goose, atlas or psql) without connecting. With --json it prints what it
+applied as one JSON document, {"applied":["..."]} (empty when up to date).
+
+Exit status: 0 ok, 1 error, 2 usage error.
+
+flags:
+`
+
 func runMigrate(args []string, stdout, stderr io.Writer) error {
-	var print bool
-	o, fs, rest, err := parseOps("worker migrate", "usage: worker migrate [--print] [flags]\n\nApplies idem's schema and the application's tables, or with --print writes their SQL\n(for goose, atlas or psql) without connecting.\n\nflags:\n", args, stderr, func(fs *flag.FlagSet) {
+	var print, asJSON bool
+	o, fs, rest, err := parseOps("worker migrate", migrateUsage, args, stderr, func(fs *flag.FlagSet) {
 		fs.BoolVar(&print, "print", false, "write the SQL to stdout instead of applying it")
+		fs.BoolVar(&asJSON, "json", false, "print what was applied as JSON")
 	})
 	if err != nil {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("migrate: unexpected arguments %q", rest)
+		return usagef("migrate: unexpected arguments %q", rest)
+	}
+	if print && asJSON {
+		return usagef("migrate: --print writes SQL, not JSON: give one of --print and --json")
+	}
+	if err := pgschema.Validate(o.schema); err != nil {
+		return usagef("migrate: --schema: %w", err)
 	}
 	if print {
 		sql, err := migrations.SQL(migrations.Config{Schema: o.schema})
@@ -71,6 +91,15 @@ func runMigrate(args []string, stdout, stderr io.Writer) error {
 	if err := refapp.Migrate(ctx, pool); err != nil {
 		return err
 	}
+	if asJSON {
+		names := make([]string, len(applied))
+		for i, a := range applied {
+			names[i] = fmt.Sprint(a)
+		}
+		return json.NewEncoder(stdout).Encode(struct {
+			Applied []string `json:"applied"`
+		}{names})
+	}
 	if len(applied) == 0 {
 		fmt.Fprintln(stdout, "schema is up to date")
 	}
@@ -84,7 +113,7 @@ const deadLettersUsage = `usage:
   worker dead-letters list [--consumer C] [--reason PREFIX] [--since T] [--until T]
                            [--include-replayed] [--limit N] [--json] [flags]
   worker dead-letters replay (ID | --consumer C --reason PREFIX --since T ... | --all)
-                           [--dry-run] [--force] [flags]
+                           [--dry-run] [--force] [--json] [flags]
 
 list prints dead letters not yet replayed (with --include-replayed, all), newest
 first: a table, or JSON lines with --json (payloads whole).
@@ -94,8 +123,10 @@ or with --all every one not yet replayed. Each is written to the outbox with its
 original key, addressed to the consumer that dead-lettered it (Idem-Replay-For: the
 other consumers of the subject skip it), and published by the running relay. It
 prints one JSON line per dead letter (id, consumer, key, action: replayed,
-would-replay or refused, and the reason of a refusal) and a summary on stderr.
-Exit status 1 when any dead letter was refused.
+would-replay or refused, and the reason of a refusal) and a summary on stderr; its
+output is JSON with or without --json (accepted for symmetry with list). The
+filters select in bulk: --consumer, --reason (a prefix), --since and --until,
+combined; --dry-run writes nothing and reports what would be replayed or refused.
 
 A dead letter is refused when its consumer's inbox may have forgotten the key: past
 its replay horizon, or filed before schema v3 with no horizon recorded. Replaying
@@ -105,6 +136,9 @@ always refused: fix its producer instead.
 
 T is a duration back from now (24h, 90m) or an RFC 3339 time. Flags may follow the
 arguments.
+
+Exit status: 0 ok; 1 an error, or (replay) some dead letter was refused; 2 a usage
+error (unknown flag, bad flag value, a wrong combination of ID, filters and --all).
 
 flags:
 `
@@ -157,12 +191,20 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 }
 
 func runDeadLetters(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return errors.New("dead-letters: want list or replay (see worker dead-letters -h)")
-	}
-	sub, args := args[0], args[1:]
-	if sub != "list" && sub != "replay" {
-		return fmt.Errorf("dead-letters: unknown subcommand %q (want list or replay)", sub)
+	// Flags may precede list or replay: find it the way run finds the subcommand.
+	known, _ := newFlagSet("worker dead-letters", io.Discard)
+	new(deadLetterFilter).register(known, 0)
+	sub, args := splitCommand(args, known, []string{"list", "replay"})
+	switch sub {
+	case "":
+		if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
+			fmt.Fprint(stderr, deadLettersUsage)
+			return flag.ErrHelp
+		}
+		return usagef("dead-letters: want list or replay (see worker dead-letters -h)")
+	case "list", "replay":
+	default:
+		return usagef("dead-letters: unknown subcommand %q (want list or replay)", sub)
 	}
 	var (
 		sel         deadLetterFilter
@@ -176,6 +218,7 @@ func runDeadLetters(args []string, stdout, stderr io.Writer) error {
 			return
 		}
 		sel.register(fs, 0)
+		fs.BoolVar(&asJSON, "json", false, "accepted for symmetry: replay always prints JSON lines")
 		fs.BoolVar(&all, "all", false, "replay every dead letter not yet replayed")
 		fs.BoolVar(&opts.DryRun, "dry-run", false, "write nothing: print what would be replayed and what refused")
 		fs.BoolVar(&opts.Force, "force", false, "replay dead letters past (or with an unknown) replay horizon; may run an effect twice if the consumer had completed this key before")
@@ -184,26 +227,26 @@ func runDeadLetters(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if sel.limit < 0 {
-		return fmt.Errorf("dead-letters %s: --limit must not be negative", sub)
+		return usagef("dead-letters %s: --limit must not be negative", sub)
 	}
 	sel.f.Limit = sel.limit
 	id := int64(0)
 	switch {
 	case sub == "list" && len(rest) > 0:
-		return fmt.Errorf("dead-letters list: unexpected arguments %q", rest)
+		return usagef("dead-letters list: unexpected arguments %q", rest)
 	case sub == "replay" && len(rest) > 1:
-		return fmt.Errorf("dead-letters replay: want at most one ID, got %q", rest)
+		return usagef("dead-letters replay: want at most one ID, got %q", rest)
 	case sub == "replay" && len(rest) == 1:
 		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
-			return fmt.Errorf("dead-letters replay: bad ID %q", rest[0])
+			return usagef("dead-letters replay: bad ID %q", rest[0])
 		}
 		if all || len(sel.set) > 0 || sel.f.IncludeReplayed || sel.limit != 0 {
-			return errors.New("dead-letters replay: give an ID or a selection (filters, --all), not both")
+			return usagef("dead-letters replay: give an ID or a selection (filters, --all), not both")
 		}
 	case sub == "replay" && all && len(sel.set) > 0:
-		return fmt.Errorf("dead-letters replay: --all selects every dead letter; drop it to replay only what %s select", strings.Join(sel.set, ", "))
+		return usagef("dead-letters replay: --all selects every dead letter; drop it to replay only what %s select", strings.Join(sel.set, ", "))
 	case sub == "replay" && !all && len(sel.set) == 0:
-		return errors.New("dead-letters replay: want an ID, a filter (--consumer, --reason, --since, --until) or --all")
+		return usagef("dead-letters replay: want an ID, a filter (--consumer, --reason, --since, --until) or --all")
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
@@ -325,22 +368,64 @@ func writeReplayReport(rep consumer.ReplayReport, opts consumer.ReplayOptions, s
 	return nil
 }
 
+const healthcheckUsage = `usage: worker healthcheck [--json] [flags]
+
+Asks the worker at --http-addr whether it is ready (GET /readyz); for container
+health checks, where the image has no curl. --json prints the answer as one JSON
+document: {"ready":bool,"url":"...","http_status":N,"body":"...","error":"..."}.
+
+Exit status: 0 ready; 1 not ready or unreachable; 2 usage error.
+
+flags:
+`
+
+// healthStatus is what healthcheck --json prints.
+type healthStatus struct {
+	Ready      bool   `json:"ready"`
+	URL        string `json:"url"`
+	HTTPStatus int    `json:"http_status,omitempty"`
+	Body       string `json:"body,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
 // runHealthcheck asks a running worker's /readyz; for container health checks,
 // where the image has no curl.
-func runHealthcheck(args []string, stderr io.Writer) error {
-	o, _, _, err := parse("worker healthcheck", args, stderr)
+func runHealthcheck(args []string, stdout, stderr io.Writer) error {
+	var asJSON bool
+	o, _, rest, err := parseOps("worker healthcheck", healthcheckUsage, args, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print the status as JSON")
+	})
 	if err != nil {
 		return err
 	}
+	if len(rest) > 0 {
+		return usagef("healthcheck: unexpected arguments %q", rest)
+	}
+	st := healthStatus{URL: "http://" + o.httpAddr + "/readyz"}
+	err = checkReady(&st)
+	if asJSON {
+		if st.Error = ""; err != nil {
+			st.Error = err.Error()
+		}
+		if werr := json.NewEncoder(stdout).Encode(st); werr != nil && err == nil {
+			err = werr
+		}
+	}
+	return err
+}
+
+func checkReady(st *healthStatus) error {
 	client := &http.Client{Timeout: 3 * time.Second}
-	resp, err := client.Get("http://" + o.httpAddr + "/readyz")
+	resp, err := client.Get(st.URL)
 	if err != nil {
 		return fmt.Errorf("healthcheck: %w", err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	st.HTTPStatus, st.Body = resp.StatusCode, strings.TrimSpace(string(body))
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("healthcheck: %s: %s", resp.Status, strings.TrimSpace(string(body)))
+		return fmt.Errorf("healthcheck: %s: %s", resp.Status, st.Body)
 	}
+	st.Ready = true
 	return nil
 }

@@ -123,23 +123,25 @@ func TestDeadLettersCLI(t *testing.T) {
 		t.Errorf("list --limit 1 does not say there may be more: %s", errs)
 	}
 
-	// Bad invocations: exit 1 with the reason, nothing written.
+	// Bad invocations: exit 2 (usage) or 1 (an ID that does not exist) with the
+	// reason, nothing written.
 	for _, tc := range []struct {
 		args []string
+		code int
 		want string
 	}{
-		{[]string{"dead-letters", "replay"}, "want an ID, a filter"},
-		{[]string{"dead-letters", "replay", "--all", "--consumer", "billing"}, "--all selects every dead letter"},
-		{[]string{"dead-letters", "replay", fmt.Sprint(d1), "--consumer", "billing"}, "not both"},
-		{[]string{"dead-letters", "replay", "1", "2"}, "at most one ID"},
-		{[]string{"dead-letters", "replay", "x"}, "bad ID"},
-		{[]string{"dead-letters", "list", "--since", "yesterday"}, "RFC 3339"},
-		{[]string{"dead-letters", "list", "extra"}, "unexpected arguments"},
-		{[]string{"dead-letters", "replay", "9999"}, "not found"},
+		{[]string{"dead-letters", "replay"}, 2, "want an ID, a filter"},
+		{[]string{"dead-letters", "replay", "--all", "--consumer", "billing"}, 2, "--all selects every dead letter"},
+		{[]string{"dead-letters", "replay", fmt.Sprint(d1), "--consumer", "billing"}, 2, "not both"},
+		{[]string{"dead-letters", "replay", "1", "2"}, 2, "at most one ID"},
+		{[]string{"dead-letters", "replay", "x"}, 2, "bad ID"},
+		{[]string{"dead-letters", "list", "--since", "yesterday"}, 2, "RFC 3339"},
+		{[]string{"dead-letters", "list", "extra"}, 2, "unexpected arguments"},
+		{[]string{"dead-letters", "replay", "9999"}, 1, "not found"},
 	} {
 		_, errs, code := run(tc.args...)
-		if code != 1 || !strings.Contains(errs, tc.want) {
-			t.Errorf("%q: exit %d, stderr %q; want 1 and %q", tc.args, code, errs, tc.want)
+		if code != tc.code || !strings.Contains(errs, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and %q", tc.args, code, errs, tc.code, tc.want)
 		}
 	}
 	if n := outboxRows(); n != 0 {

@@ -36,10 +36,11 @@ Prints the whole life of one idempotency key: the HTTP request record, the outbo
 messages, each consumer's inbox claim, dead letters, and the reference
 application's rows (payments, emails, ledger_entries). KEY is the key the client
 sent; give its tenant with --scope, or paste a scoped key as logged past the
-ingress. Flags may follow KEY.
+ingress. Flags may follow KEY. --json prints the report as one JSON document.
 
 Exit status: 0 when the key is known; 1 when nothing is known about it (the report
-is still printed, naming other scopes that know the key) or on an error.
+is still printed, naming other scopes that know the key) or on an error; 2 on a
+usage error.
 
 flags:
 `
@@ -57,25 +58,25 @@ func runInspect(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if len(rest) != 1 {
-		return fmt.Errorf("inspect: want exactly one KEY, got %d arguments (see worker inspect -h)", len(rest))
+		return usagef("inspect: want exactly one KEY, got %d arguments (see worker inspect -h)", len(rest))
 	}
 	// A scoped key pasted from a log or from the outbox is split back into scope
 	// and key; a bare key parses as itself, with no scope.
 	keyScope, key, err := idem.ParseScopedKey(rest[0])
 	if err != nil {
-		return fmt.Errorf("inspect: %w", err)
+		return usagef("inspect: %w", err)
 	}
 	if keyScope != "" {
 		if scope != "" && scope != keyScope {
-			return fmt.Errorf("inspect: KEY is scoped to %q but --scope says %q", keyScope, scope)
+			return usagef("inspect: KEY is scoped to %q but --scope says %q", keyScope, scope)
 		}
 		scope = keyScope
 	}
 	if err := idem.ValidateScope(scope); err != nil {
-		return fmt.Errorf("inspect: --scope: %w", err)
+		return usagef("inspect: --scope: %w", err)
 	}
 	if err := pgschema.Validate(o.schema); err != nil {
-		return fmt.Errorf("inspect: --schema: %w", err)
+		return usagef("inspect: --schema: %w", err)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
@@ -130,7 +131,7 @@ func parseOps(name, usage string, args []string, stderr io.Writer, extra func(*f
 	var positional []string
 	for {
 		if err := fs.Parse(args); err != nil {
-			return nil, nil, nil, err
+			return nil, nil, nil, usageError{err}
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

@@ -9,9 +9,11 @@
 //	                                            put dead letters back on their way
 //	worker inspect [--scope S] [flags] KEY      one key's whole life
 //	worker stats [--json] [flags]               counts and lags
-//	worker healthcheck [flags]                  exit 0 if the worker at --http-addr is ready
+//	worker healthcheck [--json] [flags]         exit 0 if the worker at --http-addr is ready
 //
-// Every flag has an environment fallback (see worker -h). With NATS_URL empty the
+// Flags may come before or after the subcommand. Every shared flag has an
+// environment fallback, named in worker -h, which also lists the exit codes (0 ok,
+// 1 error, 2 usage error). With NATS_URL empty the
 // worker starts an embedded JetStream server whose store lives under --data-dir;
 // with no database named at all and none answering at the default URL, it starts a
 // private Postgres from the machine's binaries there too. The data dir is
@@ -26,17 +28,15 @@ import (
 	"flag"
 	"fmt"
 	"github.com/idemkit/idem/internal/buildinfo"
+	"github.com/idemkit/idem/internal/tracelog"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
+	"strings"
 	"syscall"
 	"time"
-
-	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/runenv"
@@ -53,7 +53,10 @@ type options struct {
 	natsURL         string
 	httpAddr        string
 	dataDir         string
-	smtpAddr        string
+	smtpAddr        string // deprecated: smtpURL
+	smtpURL         string
+	smtpCA          string
+	smtpFrom        string
 	schema          string
 	logFormat       string
 	logLevel        string
@@ -65,6 +68,8 @@ type options struct {
 	noMigrate       bool
 	metricsAddr     string
 	version         bool
+	// envErrs are environment fallbacks that do not parse, reported by runService.
+	envErrs []error
 }
 
 func env(name, def string) string {
@@ -85,12 +90,26 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", defaultDataDir()), "directory for the embedded JetStream store, the private Postgres, the worker's lock and its database record; "+
 		"the operator commands find a running worker's files there (env IDEM_DATA_DIR; default $XDG_STATE_HOME/idem, else ~/.local/state/idem, /var/lib/idem for root)")
-	fs.StringVar(&o.smtpAddr, "smtp-addr", env("IDEM_SMTP_ADDR", ""), "SMTP server host:port for the email consumer; empty runs none (env IDEM_SMTP_ADDR)")
+	fs.StringVar(&o.smtpURL, "smtp-url", env("IDEM_SMTP_URL", ""), "SMTP server of the email consumer; empty runs none. smtp://[user:password@]host[:port] (default port 587): STARTTLS when offered, "+
+		"required with credentials, then AUTH PLAIN or LOGIN (?auth=plain|login picks one); smtps://... (default port 465): implicit TLS; smtp+insecure://host:port: plaintext, "+
+		"no STARTTLS, no credentials, for a local sink such as mailpit. User and password are URL-escaped; logs show the URL without its password (env IDEM_SMTP_URL)")
+	fs.StringVar(&o.smtpCA, "smtp-ca", env("IDEM_SMTP_CA", ""), "PEM `file` of the CA certificates to trust for --smtp-url's TLS instead of the system roots (env IDEM_SMTP_CA)")
+	fs.StringVar(&o.smtpFrom, "smtp-from", env("IDEM_SMTP_FROM", ""), "sender `address` of the emails, envelope and From header (env IDEM_SMTP_FROM; default \"idem <idem@localhost>\")")
+	fs.StringVar(&o.smtpAddr, "smtp-addr", env("IDEM_SMTP_ADDR", ""), "deprecated: SMTP server host:port, spoken to in plaintext without AUTH; the same as --smtp-url smtp+insecure://host:port (env IDEM_SMTP_ADDR)")
 	fs.StringVar(&o.schema, "schema", env("IDEM_SCHEMA", ""), "Postgres schema of the idem_* tables; empty is public (env IDEM_SCHEMA)")
 	fs.StringVar(&o.logFormat, "log-format", env("IDEM_LOG_FORMAT", "text"), "log format: text or json (env IDEM_LOG_FORMAT)")
 	fs.StringVar(&o.logLevel, "log-level", env("IDEM_LOG_LEVEL", "info"), "log level: debug, info, warn, error (env IDEM_LOG_LEVEL)")
-	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 30*time.Second, "how long in-flight work may take to finish after SIGTERM")
-	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: empty for none (trace context is still propagated), or stderr (env IDEM_TRACE)")
+	shutdownTimeout := 30 * time.Second
+	if v := os.Getenv("IDEM_SHUTDOWN_TIMEOUT"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			o.envErrs = append(o.envErrs, fmt.Errorf("IDEM_SHUTDOWN_TIMEOUT: want a positive duration such as 30s, got %q", v))
+		} else {
+			shutdownTimeout = d
+		}
+	}
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", shutdownTimeout, "how long in-flight work may take to finish after SIGTERM (env IDEM_SHUTDOWN_TIMEOUT)")
+	fs.StringVar(&o.trace, "trace", env("IDEM_TRACE", ""), "span exporter: none, stderr, or otlp (OTLP/HTTP, configured by the OTEL_EXPORTER_OTLP_* variables; service name OTEL_SERVICE_NAME); empty follows OTEL_TRACES_EXPORTER, else none. Trace context is propagated either way (env IDEM_TRACE)")
 	fs.StringVar(&o.roles, "roles", env("IDEM_ROLES", "all"), "components to run: all, or a comma list of ingress,relay,consumers (env IDEM_ROLES)")
 	fs.BoolVar(&o.noMigrate, "no-migrate", env("IDEM_NO_MIGRATE", "") != "", "do not apply migrations at start; run `worker migrate` (or its --print SQL) yourself (env IDEM_NO_MIGRATE)")
 	fs.Func("ack-wait", "how long JetStream waits for a consumer's ack before redelivering (env IDEM_ACK_WAIT; default 30s)", func(v string) (err error) {
@@ -145,37 +164,53 @@ func (o *options) logger(w io.Writer) (*slog.Logger, error) {
 	hopts := &slog.HandlerOptions{Level: level}
 	switch o.logFormat {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, hopts)), nil
+		return slog.New(tracelog.New(slog.NewTextHandler(w, hopts))), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, hopts)), nil
+		return slog.New(tracelog.New(slog.NewJSONHandler(w, hopts))), nil
 	}
 	return nil, fmt.Errorf("--log-format must be text or json, not %q", o.logFormat)
 }
 
 const usage = `usage:
   worker [flags]                       run the service (ingress, relay, consumers)
-  worker migrate [--print] [flags]     apply the schema and exit (--print: write its SQL instead)
-  worker inspect [--scope S] KEY       print everything known about one key
+  worker migrate [--print] [--json] [flags]
+                                       apply the schema and exit (--print: write its SQL instead)
+  worker inspect [--scope S] [--json] KEY
+                                       print everything known about one key
   worker stats [--json]                counts and lags (outbox backlog, inbox, dead letters)
-  worker healthcheck [flags]           exit 0 if the worker at --http-addr is ready
-  worker dead-letters list [--consumer C] [--reason PREFIX] [--since T] [--json]
+  worker healthcheck [--json] [flags]  exit 0 if the worker at --http-addr is ready
+  worker dead-letters list [--consumer C] [--reason PREFIX] [--since T] [--until T] [--json]
                                        list dead letters (newest first)
-  worker dead-letters replay (ID | --consumer C --reason PREFIX --since T | --all) [--dry-run] [--force]
+  worker dead-letters replay (ID | --consumer C --reason PREFIX --since T --until T | --all) [--dry-run] [--force] [--json]
                                        put dead letters back on their way with their keys, through
-                                       the outbox, to the consumer that filed each one
+                                       the outbox, to the consumer that filed each one; filters select
+                                       in bulk, --dry-run writes nothing (see worker dead-letters -h)
+
+Flags may come before or after the subcommand (worker --database-url URL stats, or
+worker stats --database-url URL); a subcommand's own flags (--json, --scope, the
+dead-letter filters) are best put after it. --json prints JSON: one document for
+stats, inspect, healthcheck and migrate, JSON lines for dead-letters list and replay.
+
+Environment: every flag below that names an environment variable falls back to it
+when not given. Also read: XDG_STATE_HOME and HOME (the default --data-dir), the
+OTEL_* variables of --trace otlp.
+
+Exit status:
+  0  success (healthcheck: the worker is ready)
+  1  error (inspect: nothing is known about the key; dead-letters replay: a dead
+     letter was refused; healthcheck: not ready or unreachable)
+  2  usage error: unknown subcommand or flag, a bad flag value, wrong arguments
 
 flags:
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
-	cmd := ""
-	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
-		cmd, args = args[0], args[1:]
-	}
-	if cmd == "" && slices.ContainsFunc(args, func(a string) bool { return a == "--version" || a == "-version" }) {
+	if wantsVersion(args) {
 		fmt.Fprintln(stdout, buildinfo.Read())
-		return 0
+		return exitOK
 	}
+	shared, _ := newFlagSet("worker", io.Discard)
+	cmd, args := splitCommand(args, shared, commands)
 	var err error
 	switch cmd {
 	case "":
@@ -189,30 +224,26 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "stats":
 		err = runStats(args, stdout, stderr)
 	case "healthcheck":
-		err = runHealthcheck(args, stderr)
+		err = runHealthcheck(args, stdout, stderr)
 	case "help":
 		fs, _ := newFlagSet("worker", stderr)
 		fmt.Fprint(stderr, usage)
 		fs.PrintDefaults()
-		return 0
+		return exitOK
 	default:
-		err = fmt.Errorf("unknown subcommand %q", cmd)
+		err = usagef("unknown subcommand %q (want one of %s; see worker -h)", cmd, strings.Join(commands, ", "))
 	}
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(stderr, "worker:", err)
-		return 1
 	}
-	return 0
+	return exitCode(err)
 }
 
 func parse(name string, args []string, stderr io.Writer) (*options, *flag.FlagSet, []string, error) {
 	fs, o := newFlagSet(name, stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, usageError{err}
 	}
 	return o, fs, fs.Args(), nil
 }
@@ -223,11 +254,14 @@ func runService(args []string, stderr io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("unexpected arguments %q", rest)
+		return usagef("unexpected arguments %q", rest)
+	}
+	if len(o.envErrs) > 0 {
+		return usageError{errors.Join(o.envErrs...)}
 	}
 	log, err := o.logger(stderr)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	faults, err := faultsFromEnv()
 	if err != nil {
@@ -236,39 +270,47 @@ func runService(args []string, stderr io.Writer) error {
 	cfg := refapp.Config{
 		HTTPAddr:    o.httpAddr,
 		MetricsAddr: o.metricsAddr,
-		Email:       refapp.EmailConfig{Addr: o.smtpAddr},
 		Schema:      o.schema,
 		NoMigrate:   o.noMigrate,
 		Logger:      log,
 	}
-	if err := applyRoles(&cfg, o.roles); err != nil {
+	if cfg.Email, err = o.emailConfig(log); err != nil {
 		return err
+	}
+	if cfg.Email.Enabled() {
+		log.Info("email consumer enabled", "smtp", refapp.RedactSMTPURL(cfg.Email.URL))
+	}
+	if err := applyRoles(&cfg, o.roles); err != nil {
+		return usageError{err}
 	}
 	ackWait := o.ackWait
 	if v := os.Getenv("IDEM_ACK_WAIT"); v != "" && ackWait == 0 {
 		if ackWait, err = parseAckWait(v); err != nil {
-			return fmt.Errorf("IDEM_ACK_WAIT: %w", err)
+			return usagef("IDEM_ACK_WAIT: %w", err)
 		}
 	}
 	// Zero keeps the consumers' default. The lifetime check at start counts it in
 	// each consumer's redelivery horizon.
 	cfg.Charges.AckWait, cfg.Emails.AckWait = ackWait, ackWait
 	if cfg.Reconcile.After, cfg.DisableReconciler, err = parseReconcileAfter(o.reconcileAfter); err != nil {
+		return usageError{err}
+	}
+	exporter, err := traceExporter(o.trace, os.Getenv)
+	if err != nil {
 		return err
 	}
-	switch o.trace {
-	case "":
-	case "stderr":
-		exp, err := stdouttrace.New(stdouttrace.WithWriter(stderr))
-		if err != nil {
-			return fmt.Errorf("--trace: %w", err)
-		}
-		tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp))
-		defer tp.Shutdown(context.Background()) //nolint:errcheck
-		cfg.TracerProvider = tp
-	default:
-		return fmt.Errorf("--trace must be empty or stderr, not %q", o.trace)
+	tp, shutdownTracing, err := setupTracing(context.Background(), exporter, stderr)
+	if err != nil {
+		return err
 	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(ctx); err != nil {
+			log.Warn("tracing: flushing spans at exit failed", "err", err)
+		}
+	}()
+	cfg.TracerProvider = tp
 
 	warnLegacyDataDir(fs, o, log)
 

@@ -4,13 +4,20 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -38,16 +45,29 @@ func TestUsageAndBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"help"}, 0, "worker dead-letters replay"},
-		{[]string{"frobnicate"}, 1, `unknown subcommand "frobnicate"`},
-		{[]string{"--log-format", "xml"}, 1, "--log-format must be text or json"},
-		{[]string{"--roles", "ingress,cook"}, 1, `unknown role "cook"`},
-		{[]string{"dead-letters"}, 1, "want list or replay"},
-		{[]string{"--ack-wait", "soon"}, 1, "want a positive duration"},
-		{[]string{"--ack-wait", "-5s"}, 1, "want a positive duration"},
-		{[]string{"--reconcile-after", "later"}, 1, "--reconcile-after: want a positive duration such as 5m, or off"},
-		{[]string{"--reconcile-after", "0s"}, 1, "--reconcile-after: want a positive duration"},
-		{[]string{"migrate", "--schema", "Bad-Name"}, 1, "lower-case identifier"},
-		{[]string{"dead-letters", "replay"}, 1, "dead-letters replay: want"}, // admin.go is being reworded (ID or filter)
+		{[]string{"frobnicate"}, 2, `unknown subcommand "frobnicate"`},
+		{[]string{"--log-format", "xml"}, 2, "--log-format must be text or json"},
+		{[]string{"--roles", "ingress,cook"}, 2, `unknown role "cook"`},
+		{[]string{"dead-letters"}, 2, "want list or replay"},
+		{[]string{"dead-letters", "frob"}, 2, `unknown subcommand "frob"`},
+		{[]string{"dead-letters", "-h"}, 0, "--dry-run"},
+		{[]string{"--ack-wait", "soon"}, 2, "want a positive duration"},
+		{[]string{"--ack-wait", "-5s"}, 2, "want a positive duration"},
+		{[]string{"--reconcile-after", "later"}, 2, "--reconcile-after: want a positive duration such as 5m, or off"},
+		{[]string{"--reconcile-after", "0s"}, 2, "--reconcile-after: want a positive duration"},
+		{[]string{"--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
+		{[]string{"stats", "--no-such-flag"}, 2, "flag provided but not defined: -no-such-flag"},
+		{[]string{"stats", "extra"}, 2, "unexpected arguments"},
+		{[]string{"inspect"}, 2, "want exactly one KEY"},
+		{[]string{"healthcheck", "extra"}, 2, "unexpected arguments"},
+		{[]string{"migrate", "--print", "--json"}, 2, "give one of --print and --json"},
+		{[]string{"migrate", "--schema", "Bad-Name"}, 2, "lower-case identifier"},
+		{[]string{"dead-letters", "replay"}, 2, "dead-letters replay: want"},
+		{[]string{"--smtp-url", "smtp+insecure://u:pw@h:25"}, 2, "takes no credentials"},
+		{[]string{"--smtp-url", "smtp://h:25", "--smtp-addr", "h:25"}, 2, "not both"},
+		{[]string{"--smtp-ca", "/nonexistent"}, 2, "--smtp-ca (IDEM_SMTP_CA) needs --smtp-url"},
+		{[]string{"--smtp-url", "smtp://h:587", "--smtp-ca", "/nonexistent/ca.pem"}, 1, "--smtp-ca"},
+		{[]string{"--smtp-url", "ftp://u:hunter2@h"}, 2, "scheme must be smtp"},
 	}
 	for _, tc := range cases {
 		var out, errb bytes.Buffer
@@ -279,5 +299,219 @@ func TestVersion(t *testing.T) {
 	}
 	if !strings.HasPrefix(out.String(), "idem ") || !strings.Contains(out.String(), runtime.Version()) {
 		t.Errorf("--version printed %q, want \"idem <version> (<revision>, <go version>)\"", out.String())
+	}
+}
+
+// splitCommand finds the subcommand among the flags: before, after or between
+// them, skipping the values of the shared flags that take one.
+func TestSplitCommand(t *testing.T) {
+	t.Parallel()
+	shared, _ := newFlagSet("worker", io.Discard)
+	for _, tc := range []struct {
+		args     []string
+		cmd      string
+		rest     []string
+		wantNone bool
+	}{
+		{[]string{"stats"}, "stats", []string{}, false},
+		{[]string{"stats", "--json"}, "stats", []string{"--json"}, false},
+		{[]string{"--database-url", "postgres://x", "stats"}, "stats", []string{"--database-url", "postgres://x"}, false},
+		{[]string{"--database-url=postgres://x", "stats", "--json"}, "stats", []string{"--database-url=postgres://x", "--json"}, false},
+		{[]string{"--schema", "stats", "inspect", "k"}, "inspect", []string{"--schema", "stats", "k"}, false},
+		{[]string{"--no-migrate", "migrate"}, "migrate", []string{"--no-migrate"}, false},
+		{[]string{"--json", "stats"}, "stats", []string{"--json"}, false}, // a subcommand's bool flag before it
+		{[]string{"--scope=acme", "inspect", "k"}, "inspect", []string{"--scope=acme", "k"}, false},
+		{[]string{"-database-url", "u", "dead-letters", "list"}, "dead-letters", []string{"-database-url", "u", "list"}, false},
+		{[]string{"--http-addr", "h:1"}, "", nil, true},
+		{[]string{"--", "stats"}, "", nil, true},
+		{[]string{"--bogus", "value"}, "", nil, true}, // left to the flag parser: "flag provided but not defined"
+		{[]string{"frob"}, "frob", []string{}, false},
+	} {
+		cmd, rest := splitCommand(tc.args, shared, commands)
+		if tc.wantNone {
+			if cmd != "" || !slices.Equal(rest, tc.args) {
+				t.Errorf("splitCommand(%q) = %q, %q; want no subcommand and the args as they were", tc.args, cmd, rest)
+			}
+			continue
+		}
+		if cmd != tc.cmd || !slices.Equal(rest, tc.rest) {
+			t.Errorf("splitCommand(%q) = %q, %q; want %q, %q", tc.args, cmd, rest, tc.cmd, tc.rest)
+		}
+	}
+}
+
+// Every shared flag (but --version) names its environment variable in --help,
+// and the worker reads each variable --help names: set, it becomes the flag's
+// default.
+func TestHelpNamesEveryEnvironmentVariable(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run([]string{"--help"}, &out, &errb); code != 0 {
+		t.Fatalf("--help = %d", code)
+	}
+	help := errb.String()
+	mustContain(t, "--help", help, "Exit status:", "0  success", "1  error", "2  usage error", "before or after the subcommand",
+		"XDG_STATE_HOME", "dead-letters replay", "--dry-run", "--consumer C", "--reason PREFIX", "--since T")
+	envOf := regexp.MustCompile(`\(env ([A-Z_]+)`)
+	fs, _ := newFlagSet("worker", io.Discard)
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "version" {
+			return
+		}
+		m := envOf.FindStringSubmatch(f.Usage)
+		if m == nil {
+			t.Errorf("--%s names no environment variable: %q", f.Name, f.Usage)
+			return
+		}
+		if !strings.Contains(help, "(env "+m[1]) {
+			t.Errorf("--help lacks %s (of --%s)", m[1], f.Name)
+		}
+		// The variable is read: set, it changes the flag's default. (--ack-wait
+		// reads IDEM_ACK_WAIT when the service starts; --no-migrate is a bool.)
+		if f.Name == "ack-wait" {
+			return
+		}
+		value := map[string]string{"shutdown-timeout": "17s", "no-migrate": "1"}[f.Name]
+		if value == "" {
+			value = "from-env-" + f.Name
+		}
+		t.Setenv(m[1], value)
+		fs2, _ := newFlagSet("worker", io.Discard)
+		if got := fs2.Lookup(f.Name).DefValue; got == f.DefValue {
+			t.Errorf("%s=%s left --%s's default at %q: the variable is not read", m[1], value, f.Name, got)
+		}
+	})
+}
+
+// Flags work before and after the subcommand, and every subcommand that prints
+// prints JSON with --json: stats, migrate, dead-letters list and replay,
+// healthcheck. --version works anywhere.
+func TestFlagsAroundSubcommandAndJSON(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	parses := func(t *testing.T, name, out string, lines bool) {
+		t.Helper()
+		if lines {
+			for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+				if l != "" && !json.Valid([]byte(l)) {
+					t.Errorf("%s: line %q is not JSON", name, l)
+				}
+			}
+			return
+		}
+		if !json.Valid([]byte(out)) {
+			t.Errorf("%s: output is not one JSON document:\n%s", name, out)
+		}
+	}
+	// migrate --json first (the other commands want the application's tables),
+	// flags before it; again, with nothing left to apply.
+	for _, args := range [][]string{{"--database-url", db.URL, "migrate", "--json"}, {"migrate", "--json", "--database-url", db.URL}} {
+		out, errs, code := worker(t, args...)
+		var applied struct{ Applied *[]string }
+		if code != 0 || json.Unmarshal([]byte(out), &applied) != nil || applied.Applied == nil {
+			t.Fatalf("%q: exit %d, stdout %q, stderr %s; want {\"applied\":[...]}", args, code, out, errs)
+		}
+	}
+	if out, _, code := worker(t, "migrate", "--json", "--database-url", db.URL); code != 0 || strings.TrimSpace(out) != `{"applied":[]}` {
+		t.Errorf("migrate --json on an up-to-date schema: exit %d, %q; want {\"applied\":[]}", code, out)
+	}
+
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		lines bool // JSON lines rather than one document
+	}{
+		{"stats, flags after", []string{"stats", "--json", "--database-url", db.URL, "--data-dir", t.TempDir()}, false},
+		{"stats, flags before", []string{"--database-url", db.URL, "--data-dir", t.TempDir(), "stats", "--json"}, false},
+		{"stats, --json before", []string{"--json", "--database-url", db.URL, "--data-dir", t.TempDir(), "stats"}, false},
+		{"inspect, flags before", []string{"--database-url", db.URL, "inspect", "--json", "--scope", "t", "k-none"}, false},
+		{"dead-letters list, flags before", []string{"--database-url", db.URL, "dead-letters", "list", "--json"}, true},
+		{"dead-letters list, flags between", []string{"dead-letters", "--database-url", db.URL, "list", "--json"}, true},
+		{"dead-letters replay dry run", []string{"--database-url", db.URL, "dead-letters", "replay", "--all", "--dry-run", "--json"}, true},
+		{"dead-letters replay by filters", []string{"dead-letters", "replay", "--consumer", "charges", "--reason", "x", "--since", "1h", "--dry-run", "--json", "--database-url", db.URL}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errs, code := worker(t, tc.args...)
+			want := 0
+			if strings.HasPrefix(tc.name, "inspect") {
+				want = 1 // the key is unknown; the report is still printed
+			}
+			if code != want {
+				t.Fatalf("%q: exit %d, stderr %s; want %d", tc.args, code, errs, want)
+			}
+			parses(t, tc.name, out, tc.lines)
+		})
+	}
+
+	if out, _, code := worker(t, "stats", "--version"); code != 0 || !strings.HasPrefix(out, "idem ") {
+		t.Errorf("stats --version: exit %d, %q; want the version", code, out)
+	}
+}
+
+// healthcheck exits 0 when /readyz answers 200 and 1 otherwise; --json prints the
+// status either way.
+func TestHealthcheckJSON(t *testing.T) {
+	t.Parallel()
+	ready := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	}))
+	defer ready.Close()
+	notReady := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "relay: not started", http.StatusServiceUnavailable)
+	}))
+	defer notReady.Close()
+	host := func(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		ready  bool
+		status int
+		errSub string
+	}{
+		{"ready", []string{"healthcheck", "--json", "--http-addr", host(ready)}, 0, true, 200, ""},
+		{"ready, flags before", []string{"--http-addr", host(ready), "healthcheck", "--json"}, 0, true, 200, ""},
+		{"not ready", []string{"healthcheck", "--http-addr", host(notReady), "--json"}, 1, false, 503, "503"},
+		{"unreachable", []string{"healthcheck", "--json", "--http-addr", freeAddr(t)}, 1, false, 0, "connect"},
+	} {
+		out, errs, code := worker(t, tc.args...)
+		var st healthStatus
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Errorf("%s: stdout %q is not JSON: %v", tc.name, out, err)
+			continue
+		}
+		if code != tc.code || st.Ready != tc.ready || st.HTTPStatus != tc.status || !strings.Contains(st.Error, tc.errSub) || !strings.HasSuffix(st.URL, "/readyz") {
+			t.Errorf("%s: exit %d, %+v (stderr %s); want exit %d, ready %v, status %d, error with %q", tc.name, code, st, errs, tc.code, tc.ready, tc.status, tc.errSub)
+		}
+	}
+	if out, _, code := worker(t, "healthcheck", "--http-addr", host(ready)); code != 0 || out != "" {
+		t.Errorf("healthcheck without --json: exit %d, stdout %q; want 0 and nothing", code, out)
+	}
+}
+
+// The SMTP flags: the deprecated --smtp-addr maps onto smtp+insecure://, a
+// password never reaches an error, --smtp-ca loads a PEM bundle.
+func TestSMTPFlags(t *testing.T) {
+	t.Parallel()
+	o := &options{smtpAddr: "127.0.0.1:1025"}
+	cfg, err := o.emailConfig(nil)
+	if err != nil || cfg.URL != "smtp+insecure://127.0.0.1:1025" {
+		t.Errorf("--smtp-addr 127.0.0.1:1025: %+v, %v; want smtp+insecure://127.0.0.1:1025", cfg, err)
+	}
+	for _, url := range []string{"smtp+insecure://u:hunter2@h:1", "ftp://u:hunter2@h", "smtp://u:hunter2@h:0", "smtp://u:hunter2@h\x01:1"} {
+		_, errs, code := worker(t, "--smtp-url", url)
+		if code != 2 || strings.Contains(errs, "hunter2") {
+			t.Errorf("--smtp-url %q: exit %d, stderr %q; want 2 without the password", url, code, errs)
+		}
+	}
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&options{smtpURL: "smtps://h", smtpCA: ca}).emailConfig(nil); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+		t.Errorf("--smtp-ca with garbage: %v", err)
 	}
 }

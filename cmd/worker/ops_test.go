@@ -243,8 +243,8 @@ func TestInspectBadArguments(t *testing.T) {
 	}
 	for _, tc := range cases {
 		_, errs, code := worker(t, tc.args...)
-		if code != 1 || !strings.Contains(errs, tc.want) {
-			t.Errorf("%q: exit %d, stderr %q; want 1 and %q", tc.args, code, errs, tc.want)
+		if code != exitUsage || !strings.Contains(errs, tc.want) {
+			t.Errorf("%q: exit %d, stderr %q; want 2 (usage) and %q", tc.args, code, errs, tc.want)
 		}
 	}
 }

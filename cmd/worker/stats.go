@@ -31,7 +31,9 @@ Prints counts and lags: requests, the outbox backlog and the age of its oldest
 unpublished row, inbox rows per consumer and status, dead letters, the reference
 application's row counts, and the lag of stream IDEM's consumers when a JetStream
 server is known (--nats-url, NATS_URL, or the embedded server a running worker
-recorded under --data-dir).
+recorded under --data-dir). --json prints one JSON document.
+
+Exit status: 0 ok, 1 error, 2 usage error.
 
 flags:
 `
@@ -55,10 +57,10 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if len(rest) > 0 {
-		return fmt.Errorf("stats: unexpected arguments %q", rest)
+		return usagef("stats: unexpected arguments %q", rest)
 	}
 	if err := pgschema.Validate(o.schema); err != nil {
-		return fmt.Errorf("stats: --schema: %w", err)
+		return usagef("stats: --schema: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()

@@ -1,6 +1,6 @@
 // Package smtptest is a real SMTP server over a TCP socket, in-process, for tests:
-// it speaks enough of RFC 5321 for net/smtp (EHLO/HELO, MAIL FROM, RCPT TO, DATA,
-// RSET, NOOP, QUIT), keeps every message it accepts, and can say how many raw
+// it speaks enough of RFC 5321 for an SMTP client such as go-mail (EHLO/HELO, MAIL
+// FROM, RCPT TO, DATA, RSET, NOOP, QUIT), keeps every message it accepts, and can say how many raw
 // deliveries it received and how many distinct Message-IDs among them.
 //
 // The distinction is the point. A downstream that dedupes on Message-ID (most

@@ -205,7 +205,7 @@ func (w *worker) start(faults string) (*proc, error) {
 		"--http-addr", w.httpAddr,
 		"--data-dir", w.dataDir,
 		"--roles", w.spec.roles,
-		"--smtp-addr", w.r.smtp.Addr(), // the email consumer runs where consumers do
+		"--smtp-url", "smtp+insecure://" + w.r.smtp.Addr(), // the email consumer runs where consumers do
 		"--log-level", "debug", // duplicates folded and replays are logged at debug
 		"--shutdown-timeout", "5s",
 		"--ack-wait", ackWait.String(),
