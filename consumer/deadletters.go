@@ -355,8 +355,8 @@ func (d DeadLetter) message() idem.Message {
 	headers := make(map[string]string, len(d.Headers)+1)
 	for k, v := range d.Headers {
 		switch k {
-		case idem.HeaderKey, idem.HeaderMsgID, idem.HeaderReplayFor:
-			// The relay sets the first two afresh; the target is set below.
+		case idem.HeaderKey, idem.HeaderMsgID, idem.HeaderEnqueuedAt, idem.HeaderReplayFor:
+			// The relay sets the first three afresh; the target is set below.
 		default:
 			headers[k] = v
 		}

@@ -22,7 +22,24 @@ import (
 func TestReplayDeadLetter(t *testing.T) {
 	b := setup(t)
 	ctx := context.Background()
-	b.env.Publish(t, testenv.Subject, "k-replay", "k-replay", payload(42))
+	// The original goes the way production messages go, through the outbox and
+	// the relay, so it carries the relay's headers (the replay must not copy them).
+	relay, err := outbox.NewRelay(b.env.DB.Pool, b.env.JS, outbox.RelayConfig{Stream: testenv.Stream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{Subjects: []string{testenv.Subjects}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, b.env.DB.Pool, func(tx pgx.Tx) error {
+		return ob.Enqueue(ctx, tx, idem.Message{Key: "k-replay", Subject: testenv.Subject, Payload: payload(42)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
+	}
 
 	var broken atomic.Bool
 	broken.Store(true)
@@ -54,9 +71,8 @@ func TestReplayDeadLetter(t *testing.T) {
 		t.Fatalf("Get(%d) = %+v, %v; want the listed dead letter", dl.ID, got, err)
 	}
 
-	relay, err := outbox.NewRelay(b.env.DB.Pool, b.env.JS, outbox.RelayConfig{Stream: testenv.Stream})
-	if err != nil {
-		t.Fatal(err)
+	if dl.Headers[idem.HeaderEnqueuedAt] == "" {
+		t.Fatalf("the dead letter lacks the relay's %s header: %v", idem.HeaderEnqueuedAt, dl.Headers)
 	}
 	broken.Store(false) // the handler is fixed
 	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {

@@ -43,6 +43,9 @@ type Config struct {
 	MetricsAddr string
 	// HTTP bounds the HTTP server's waits and headers.
 	HTTP HTTPConfig
+	// Console, when Enabled, serves the operator console (package console) at
+	// /console on the listener of /metrics: MetricsAddr when set, else HTTPAddr.
+	Console ConsoleConfig
 	// Email, when it names an SMTP server (Email.URL, or the deprecated
 	// Email.Addr), runs the email consumer sending through that server. Without
 	// one emails stay queued in the stream.
@@ -98,6 +101,17 @@ type HTTPConfig struct {
 	IdleTimeout time.Duration
 	// MaxHeaderBytes bounds a request's header block (default 64 KiB; 431 beyond).
 	MaxHeaderBytes int
+}
+
+// ConsoleConfig turns on the operator console and says who may use it. On a
+// listener that is not loopback, Start refuses a console without Token or
+// BasicUser.
+type ConsoleConfig struct {
+	Enabled bool
+	// Token, when set, is required (Authorization: Bearer, or the login page).
+	Token string
+	// BasicUser and BasicPassword, when BasicUser is set, require basic auth.
+	BasicUser, BasicPassword string
 }
 
 func (c HTTPConfig) withDefaults() HTTPConfig {

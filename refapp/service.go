@@ -79,6 +79,17 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 			metricsLn.Close()
 		}
 	}
+	var consoleHandler http.Handler
+	if cfg.Console.Enabled {
+		consoleLn := ln
+		if metricsLn != nil {
+			consoleLn = metricsLn
+		}
+		if consoleHandler, err = newConsole(pool, w, reg, cfg, consoleLn.Addr()); err != nil {
+			closeListeners()
+			return nil, err
+		}
+	}
 	if !cfg.NoMigrate {
 		if err := Migrate(ctx, pool); err != nil {
 			closeListeners()
@@ -96,6 +107,7 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	mux.Handle("GET /readyz", w.ReadyHandler())
 	if metricsLn == nil {
 		mux.Handle("GET /metrics", metricsHandler)
+		mountConsole(mux, consoleHandler)
 	}
 	if mw := w.Ingress(); mw != nil {
 		mux.Handle("/v1/", traced(cfg.TracerProvider, Routes(mw, cfg.Logger)))
@@ -119,6 +131,7 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	if metricsLn != nil {
 		mm := http.NewServeMux()
 		mm.Handle("GET /metrics", metricsHandler)
+		mountConsole(mm, consoleHandler)
 		s.metrics = &http.Server{Handler: mm, ReadHeaderTimeout: hc.ReadHeaderTimeout, ReadTimeout: hc.ReadTimeout,
 			WriteTimeout: hc.WriteTimeout, IdleTimeout: hc.IdleTimeout, MaxHeaderBytes: hc.MaxHeaderBytes,
 			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}

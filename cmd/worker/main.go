@@ -34,6 +34,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -51,6 +52,8 @@ func main() {
 type options struct {
 	databaseURL     string
 	natsURL         string
+	natsAuth        runenv.NATSAuth
+	streamReplicas  string
 	httpAddr        string
 	dataDir         string
 	smtpAddr        string // deprecated: smtpURL
@@ -67,6 +70,10 @@ type options struct {
 	reconcileAfter  string
 	noMigrate       bool
 	metricsAddr     string
+	console         bool
+	consoleToken    string
+	consoleUser     string
+	consolePassword string
 	version         bool
 	// envErrs are environment fallbacks that do not parse, reported by runService.
 	envErrs []error
@@ -84,9 +91,22 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.databaseURL, "database-url", env("DATABASE_URL", runenv.DefaultDatabaseURL), "Postgres URL (env DATABASE_URL)")
-	fs.StringVar(&o.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URL; empty starts an embedded JetStream server (env NATS_URL)")
+	fs.StringVar(&o.natsURL, "nats-url", env("NATS_URL", ""), "NATS server URL, or a comma-separated list of a cluster's; empty starts an embedded JetStream server (env NATS_URL)")
+	fs.StringVar(&o.natsAuth.CredsFile, "nats-creds", env("IDEM_NATS_CREDS", ""), "NATS user credentials file (JWT and seed) (env IDEM_NATS_CREDS)")
+	fs.StringVar(&o.natsAuth.NKeyFile, "nats-nkey", env("IDEM_NATS_NKEY", ""), "file holding the NATS user's nkey seed (env IDEM_NATS_NKEY)")
+	fs.StringVar(&o.natsAuth.User, "nats-user", env("IDEM_NATS_USER", ""), "NATS user, with --nats-password (env IDEM_NATS_USER)")
+	fs.StringVar(&o.natsAuth.Password, "nats-password", env("IDEM_NATS_PASSWORD", ""), "NATS password; prefer the environment variable to the flag, which other users can see (env IDEM_NATS_PASSWORD)")
+	fs.StringVar(&o.natsAuth.CAFile, "nats-ca", env("IDEM_NATS_CA", ""), "PEM file of the CAs that sign the NATS server's certificate (env IDEM_NATS_CA)")
+	fs.StringVar(&o.natsAuth.CertFile, "nats-cert", env("IDEM_NATS_CERT", ""), "client certificate for NATS mutual TLS, with --nats-key (env IDEM_NATS_CERT)")
+	fs.StringVar(&o.natsAuth.KeyFile, "nats-key", env("IDEM_NATS_KEY", ""), "client key for NATS mutual TLS (env IDEM_NATS_KEY)")
+	fs.StringVar(&o.streamReplicas, "stream-replicas", env("IDEM_STREAM_REPLICAS", "1"), "replicas of the stream the worker creates (3 on a three-node JetStream cluster); an existing stream is left as it is, with a warning when it has fewer (env IDEM_STREAM_REPLICAS)")
 	fs.StringVar(&o.httpAddr, "http-addr", env("IDEM_HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env IDEM_HTTP_ADDR)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", env("IDEM_METRICS_ADDR", ""), "serve /metrics on this address instead of the HTTP address, e.g. 127.0.0.1:9090 (env IDEM_METRICS_ADDR)")
+	fs.BoolVar(&o.console, "console", env("IDEM_CONSOLE", "") != "" && env("IDEM_CONSOLE", "") != "0" && env("IDEM_CONSOLE", "") != "false",
+		"serve the operator console at /console, on the listener of /metrics (env IDEM_CONSOLE)")
+	fs.StringVar(&o.consoleToken, "console-token", env("IDEM_CONSOLE_TOKEN", ""), "require this token for the console (Authorization: Bearer, or its login page); prefer the env var (env IDEM_CONSOLE_TOKEN)")
+	fs.StringVar(&o.consoleUser, "console-user", env("IDEM_CONSOLE_USER", ""), "require HTTP basic auth for the console with this user (env IDEM_CONSOLE_USER)")
+	fs.StringVar(&o.consolePassword, "console-password", env("IDEM_CONSOLE_PASSWORD", ""), "the basic-auth password of --console-user; prefer the env var (env IDEM_CONSOLE_PASSWORD)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", defaultDataDir()), "directory for the embedded JetStream store, the private Postgres, the worker's lock and its database record; "+
 		"the operator commands find a running worker's files there (env IDEM_DATA_DIR; default $XDG_STATE_HOME/idem, else ~/.local/state/idem, /var/lib/idem for root)")
@@ -273,6 +293,11 @@ func runService(args []string, stderr io.Writer) error {
 		Schema:      o.schema,
 		NoMigrate:   o.noMigrate,
 		Logger:      log,
+		Console: refapp.ConsoleConfig{Enabled: o.console, Token: o.consoleToken,
+			BasicUser: o.consoleUser, BasicPassword: o.consolePassword},
+	}
+	if cfg.Stream.Replicas, err = strconv.Atoi(o.streamReplicas); err != nil || cfg.Stream.Replicas < 1 {
+		return usagef("--stream-replicas (IDEM_STREAM_REPLICAS) must be a whole number of at least 1, not %q", o.streamReplicas)
 	}
 	if cfg.Email, err = o.emailConfig(log); err != nil {
 		return err
@@ -321,6 +346,7 @@ func runService(args []string, stderr io.Writer) error {
 		DatabaseURL:     o.databaseURL,
 		PrivatePostgres: !databaseURLExplicit(fs),
 		NATSURL:         o.natsURL,
+		NATSAuth:        o.natsAuth,
 		DataDir:         o.dataDir,
 		Logger:          log,
 		// Without a reconciler nothing would find what a crash of the broker
@@ -337,6 +363,13 @@ func runService(args []string, stderr io.Writer) error {
 		return err
 	}
 	log.Info("worker ready", "http", svc.Addr())
+	if o.console {
+		addr := svc.Addr()
+		if m := svc.MetricsAddr(); m != "" {
+			addr = m
+		}
+		log.Info("operator console", "url", "http://"+addr+refapp.ConsolePath)
+	}
 
 	var failure error
 	select {

@@ -90,7 +90,11 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	}
 	if url != "" {
 		out.JetStreamSource = source
-		st.JetStream, err = readJetStream(ctx, url)
+		var auth runenv.NATSAuth
+		if o.natsURL != "" {
+			auth = o.natsAuth // the embedded server's recorded URL carries its own token
+		}
+		st.JetStream, err = readJetStream(ctx, url, auth)
 		if err != nil {
 			if o.natsURL != "" {
 				return fmt.Errorf("stats: %w", err)
@@ -110,9 +114,13 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func readJetStream(ctx context.Context, url string) (*ops.JetStreamStats, error) {
+func readJetStream(ctx context.Context, url string, auth runenv.NATSAuth) (*ops.JetStreamStats, error) {
+	opts, err := auth.Options()
+	if err != nil {
+		return nil, err
+	}
 	// The URL of an embedded server carries its token: show it without.
-	nc, err := nats.Connect(url, nats.Name("idem-worker-stats"), nats.Timeout(3*time.Second))
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Name("idem-worker-stats"), nats.Timeout(3 * time.Second)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(url), err)
 	}

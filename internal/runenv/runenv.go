@@ -61,6 +61,9 @@ type Config struct {
 	// the database record (default DefaultDataDir()). Relative paths are made
 	// absolute.
 	DataDir string
+	// NATSAuth authenticates to the server at NATSURL and trusts its certificate.
+	// It is refused with the embedded server, which has a token of its own.
+	NATSAuth NATSAuth
 	// EmbeddedNATSPort is the embedded server's port (default: a free port).
 	EmbeddedNATSPort int
 	// EmbeddedNATSSyncAlways makes the embedded server fsync every write. The
@@ -122,6 +125,12 @@ func Open(ctx context.Context, cfg Config) (_ *Env, err error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.NATSURL == "" && !cfg.NATSAuth.Empty() {
+		return nil, errors.New("NATS credentials and TLS files are for a server given by URL; the embedded server makes its own token")
+	}
+	if err := cfg.NATSAuth.validate(); err != nil {
+		return nil, err
+	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return nil, fmt.Errorf("data dir: %w", err)
@@ -158,7 +167,15 @@ func Open(ctx context.Context, cfg Config) (_ *Env, err error) {
 		}
 		cfg.Logger.InfoContext(ctx, "embedded JetStream started", "url", embeddednats.Redact(e.NATSURL), "store", store)
 	}
-	if e.NC, err = nats.Connect(e.NATSURL, nats.Name(cfg.ApplicationName), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond)); err != nil {
+	auth, err := cfg.NATSAuth.Options()
+	if err != nil {
+		return nil, err
+	}
+	// NATSURL may list several servers of a cluster, comma-separated: the client
+	// connects to one and fails over to the others (and to those the cluster
+	// announces).
+	opts := append([]nats.Option{nats.Name(cfg.ApplicationName), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}, auth...)
+	if e.NC, err = nats.Connect(e.NATSURL, opts...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(e.NATSURL), err)
 	}
 	return e, nil

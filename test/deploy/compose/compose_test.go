@@ -329,3 +329,42 @@ func sortedCopy(s []string) []string {
 	slices.Sort(c)
 	return c
 }
+
+// The cluster profile: three NATS nodes routed to all three, and a worker given
+// every node, on an R3 stream, in a database of its own (two workers draining one
+// outbox would publish to two brokers).
+func TestClusterProfile(t *testing.T) {
+	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  root,
+		ConfigFiles: []types.ConfigFile{{Filename: composeFile, Content: readFile(t, composeFile)}},
+		Environment: types.Mapping{},
+	}, func(o *loader.Options) { o.SetProjectName("idem", true); o.Profiles = []string{"cluster"} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := "nats://nats-1:6222,nats://nats-2:6222,nats://nats-3:6222"
+	for _, name := range []string{"nats-1", "nats-2", "nats-3"} {
+		s := service(t, p, name)
+		cmd := strings.Join(s.Command, " ")
+		if !strings.Contains(cmd, "-js") || !strings.Contains(cmd, "--routes "+routes) || !strings.Contains(cmd, "-n "+name) || !strings.Contains(cmd, "--cluster_name idem") {
+			t.Errorf("%s command %q: want JetStream, its own name, the cluster name and routes to all three", name, cmd)
+		}
+		if s.Image != "nats:2.15.2-alpine" {
+			t.Errorf("%s image %q", name, s.Image)
+		}
+	}
+	w := service(t, p, "worker-cluster")
+	if got := env(t, w, "NATS_URL"); got != "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222" {
+		t.Errorf("worker-cluster NATS_URL = %q, want every node", got)
+	}
+	if got := env(t, w, "IDEM_STREAM_REPLICAS"); got != "3" {
+		t.Errorf("worker-cluster IDEM_STREAM_REPLICAS = %q, want 3", got)
+	}
+	if got := env(t, w, "DATABASE_URL"); !strings.Contains(got, "/idem_cluster?") {
+		t.Errorf("worker-cluster DATABASE_URL = %q, want the idem_cluster database", got)
+	}
+	sql, err := os.ReadFile(root + "/deploy/postgres/cluster.sql")
+	if err != nil || !strings.Contains(string(sql), "CREATE DATABASE idem_cluster") {
+		t.Errorf("deploy/postgres/cluster.sql does not create idem_cluster (%v)", err)
+	}
+}

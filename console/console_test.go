@@ -1,0 +1,233 @@
+package console_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/console"
+	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/ops"
+	"github.com/idemkit/idem/outbox"
+)
+
+// noDB fails every transaction: the handler tests below never reach the database.
+type noDB struct{}
+
+func (noDB) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) {
+	return nil, errors.New("no database in this test")
+}
+
+func server(t *testing.T, cfg console.Config) *httptest.Server {
+	t.Helper()
+	if cfg.Ops == nil {
+		r, err := ops.New(noDB{}, ops.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Ops = r
+	}
+	h, err := console.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/console", h)
+	mux.Handle("/console/", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func browser(t *testing.T) *http.Client {
+	jar, _ := cookiejar.New(nil)
+	return &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+}
+
+func get(t *testing.T, c *http.Client, u string, hdr ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	return do(t, c, req)
+}
+
+func post(t *testing.T, c *http.Client, u string, form url.Values, hdr ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	return do(t, c, req)
+}
+
+func do(t *testing.T, c *http.Client, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func csrf(t *testing.T, body string) string {
+	t.Helper()
+	m := csrfRE.FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("no CSRF token in the page:\n%s", body)
+	}
+	return m[1]
+}
+
+func TestPostWithoutCSRFTokenIsForbidden(t *testing.T) {
+	srv := server(t, console.Config{})
+	c := browser(t)
+	replay := srv.URL + "/console/dead-letters/replay"
+
+	// No cookie, no token.
+	if code, body := post(t, c, replay, url.Values{"id": {"1"}, "confirm": {"yes"}}); code != http.StatusForbidden {
+		t.Fatalf("POST without a token: %d %s, want 403", code, body)
+	}
+	// The cookie (from a page load) but a forged token.
+	code, page := get(t, c, srv.URL+"/console/login")
+	if code != http.StatusOK {
+		t.Fatalf("login page: %d", code)
+	}
+	tok := csrf(t, page)
+	if code, _ := post(t, c, replay, url.Values{"id": {"1"}, "csrf": {tok + "x"}}); code != http.StatusForbidden {
+		t.Fatalf("POST with a forged token: %d, want 403", code)
+	}
+	// A token from another browser (another cookie) does not fit this one.
+	other := browser(t)
+	if code, _ := post(t, other, replay, url.Values{"id": {"1"}, "csrf": {tok}}); code != http.StatusForbidden {
+		t.Fatalf("POST with another browser's token: %d, want 403", code)
+	}
+	// The right token from another origin.
+	if code, _ := post(t, c, replay, url.Values{"id": {"1"}, "csrf": {tok}}, "Origin", "http://evil.example"); code != http.StatusForbidden {
+		t.Fatalf("cross-origin POST: %d, want 403", code)
+	}
+	// The right token passes the check (this console has no dead letters: 404).
+	if code, body := post(t, c, replay, url.Values{"id": {"1"}, "csrf": {tok}}, "Origin", srv.URL); code != http.StatusNotFound {
+		t.Fatalf("POST with the token: %d %s, want 404 past the CSRF check", code, body)
+	}
+	// GET never changes state: replay is POST only.
+	if code, _ := get(t, c, replay+"?id=1&confirm=yes&csrf="+url.QueryEscape(tok)); code != http.StatusMethodNotAllowed {
+		t.Fatalf("GET of the replay action: %d, want 405", code)
+	}
+}
+
+func TestTokenAuth(t *testing.T) {
+	srv := server(t, console.Config{Token: "s3cret"})
+	c := browser(t)
+	inspect := srv.URL + "/console/inspect"
+	if code, _ := get(t, c, inspect); code != http.StatusSeeOther {
+		t.Fatalf("GET without the token: %d, want a redirect to the login page", code)
+	}
+	if code, _ := post(t, c, srv.URL+"/console/dead-letters/replay", url.Values{"id": {"1"}}); code != http.StatusUnauthorized {
+		t.Fatalf("POST without the token: %d, want 401", code)
+	}
+	if code, _ := get(t, c, inspect, "Authorization", "Bearer wrong"); code != http.StatusUnauthorized && code != http.StatusSeeOther {
+		t.Fatalf("GET with a wrong token: %d, want refused", code)
+	}
+	if code, body := get(t, c, inspect, "Authorization", "Bearer s3cret"); code != http.StatusOK || !strings.Contains(body, "Key inspector") {
+		t.Fatalf("GET with the bearer token: %d", code)
+	}
+	// The login page: a wrong token is refused, the right one sets the cookie.
+	_, page := get(t, c, srv.URL+"/console/login")
+	tok := csrf(t, page)
+	if code, _ := post(t, c, srv.URL+"/console/login", url.Values{"csrf": {tok}, "token": {"nope"}}); code != http.StatusUnauthorized {
+		t.Fatalf("login with a wrong token: %d, want 401", code)
+	}
+	if code, _ := post(t, c, srv.URL+"/console/login", url.Values{"csrf": {tok}, "token": {"s3cret"}}); code != http.StatusSeeOther {
+		t.Fatalf("login: %d, want a redirect", code)
+	}
+	if code, _ := get(t, c, inspect); code != http.StatusOK {
+		t.Fatalf("GET after login: %d, want 200", code)
+	}
+}
+
+func TestBasicAuth(t *testing.T) {
+	srv := server(t, console.Config{BasicUser: "ops", BasicPassword: "pw"})
+	c := browser(t)
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/console/inspect", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Basic") {
+		t.Fatalf("no credentials: %d %q, want 401 with a Basic challenge", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+	}
+	req, _ = http.NewRequest(http.MethodGet, srv.URL+"/console/inspect", nil)
+	req.SetBasicAuth("ops", "wrong")
+	if code, _ := do(t, c, req); code != http.StatusUnauthorized {
+		t.Fatalf("wrong password: %d, want 401", code)
+	}
+	req, _ = http.NewRequest(http.MethodGet, srv.URL+"/console/inspect", nil)
+	req.SetBasicAuth("ops", "pw")
+	if code, _ := do(t, c, req); code != http.StatusOK {
+		t.Fatalf("right password: %d, want 200", code)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := console.New(console.Config{}); err == nil {
+		t.Fatal("New without Ops succeeded")
+	}
+}
+
+// Keys and payloads are the clients': the page shows them as text, never as markup.
+func TestKeysAndPayloadsAreEscaped(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	const key = `<script>alert("key")</script>`
+	const payload = `{"note":"<img src=x onerror=alert(1)>","html":"</pre><b>bold</b>"}`
+	ob, err := outbox.New(outbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(context.Background(), env.DB.Pool, func(tx pgx.Tx) error {
+		return ob.Enqueue(context.Background(), tx, idem.Message{Key: key, Subject: testenv.Subject, Payload: []byte(payload)})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := ops.New(env.DB.Pool, ops.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server(t, console.Config{Ops: r})
+	code, body := get(t, browser(t), srv.URL+"/console/inspect?key="+url.QueryEscape(key))
+	if code != http.StatusOK {
+		t.Fatalf("inspect: %d\n%s", code, body)
+	}
+	for _, raw := range []string{"<script>alert", "<img src=x", "<b>bold</b>"} {
+		if strings.Contains(body, raw) {
+			t.Errorf("the page holds %q unescaped", raw)
+		}
+	}
+	for _, esc := range []string{"&lt;script&gt;alert(&#34;key&#34;)&lt;/script&gt;", "&lt;img src=x onerror=alert(1)&gt;", "&lt;b&gt;bold&lt;/b&gt;"} {
+		if !strings.Contains(body, esc) {
+			t.Errorf("the page lacks the escaped %q", esc)
+		}
+	}
+	if !strings.Contains(body, "pending, not yet published") {
+		t.Errorf("the page does not show the outbox row's state")
+	}
+}

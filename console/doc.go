@@ -1,0 +1,27 @@
+// Package console is an operator console in the browser for an idem installation:
+// server-rendered pages over the same read model as `worker inspect` and `worker
+// stats` (package ops) and the same dead-letter operations as `worker
+// dead-letters` (consumer.DeadLetters). It holds no SQL of its own.
+//
+//	h, err := console.New(console.Config{
+//		Ops: reader, DeadLetters: dls, JetStream: js, Stream: "ORDERS",
+//		Token: os.Getenv("CONSOLE_TOKEN"),
+//	})
+//	mux.Handle("/console", h)
+//	mux.Handle("/console/", h)
+//
+// Pages, under Config.Prefix (default "/console"):
+//
+//	/console                overview: intents/s, outbox backlog, consumer lag, dead letters, folds, reconcile status
+//	/console/dead-letters   dead letters with filters; replay one or many (dry run first, then confirm)
+//	/console/inspect        one key's whole life, the application's rows included (ops.Config.Effects)
+//	/console/streams        the stream and its consumers: config, pending, ack-pending, redeliveries
+//
+// Safety: serve it on an internal listener (the reference worker serves it where
+// /metrics is, loopback by default). Every state-changing request is a POST
+// carrying a CSRF token bound to a per-browser cookie with a per-process secret
+// (HMAC); a POST without it, or from another origin, gets 403. With Token or
+// BasicUser set every request must authenticate. All values are rendered through
+// html/template, so keys and payloads are escaped. Templates and the one small
+// script are embedded: no build step.
+package console
