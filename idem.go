@@ -56,6 +56,19 @@ const (
 	HeaderEnqueuedAt = "Idem-Enqueued-At"
 )
 
+// SetByRelay reports whether the relay sets header name on every message it
+// publishes, from the outbox row: the key, the Msg-Id and the enqueue time. A
+// producer may not set them, and a copy of a delivered message's headers (a
+// dead-letter replay, a handler forwarding metadata) must leave them out, or the
+// copy would be refused, or folded into the original by the broker.
+func SetByRelay(name string) bool {
+	switch name {
+	case HeaderKey, HeaderMsgID, HeaderEnqueuedAt:
+		return true
+	}
+	return false
+}
+
 // MaxKeyLen is the longest key (and the longest scope) accepted, in bytes.
 const MaxKeyLen = 255
 

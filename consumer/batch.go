@@ -4,8 +4,6 @@ package consumer
 // one Postgres transaction, then acked.
 
 import (
-	"github.com/idemkit/idem"
-
 	"bytes"
 	"context"
 	"errors"
@@ -254,16 +252,7 @@ func (c *Consumer) settle(ctx context.Context, res batchResult, took time.Durati
 	for d, reason := range res.poison {
 		c.deadLetter(ctx, d, reason)
 	}
-	if len(res.processed) > 0 && c.cfg.Observer != nil {
-		e := idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: OutcomeProcessed,
-			Count: len(res.processed), Duration: took, HandlerDuration: res.handlers}
-		for _, d := range res.processed {
-			if !d.EnqueuedAt.IsZero() {
-				e.EndToEnd = append(e.EndToEnd, res.committed.Sub(d.EnqueuedAt))
-			}
-		}
-		c.cfg.Observer.Observe(e)
-	}
+	c.observeProcessed(res.processed, took, res.handlers, res.committed)
 	c.observe(OutcomeDuplicate, len(res.duplicates), 0)
 }
 

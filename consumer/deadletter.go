@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+
 	"github.com/idemkit/idem/internal/otelmsg"
 )
 

@@ -354,10 +354,8 @@ func (dl *DeadLetters) republish(ctx context.Context, tx pgx.Tx, d DeadLetter) e
 func (d DeadLetter) message() idem.Message {
 	headers := make(map[string]string, len(d.Headers)+1)
 	for k, v := range d.Headers {
-		switch k {
-		case idem.HeaderKey, idem.HeaderMsgID, idem.HeaderEnqueuedAt, idem.HeaderReplayFor:
-			// The relay sets the first three afresh; the target is set below.
-		default:
+		// The relay sets its own headers afresh; the target is set below.
+		if !idem.SetByRelay(k) && k != idem.HeaderReplayFor {
 			headers[k] = v
 		}
 	}

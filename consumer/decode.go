@@ -1,17 +1,16 @@
 package consumer
 
 import (
-	"github.com/idemkit/idem/internal/otelmsg"
-	"time"
-
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/otelmsg"
 )
 
 // Dead-letter reasons (the prefix of idem_dead_letters.reason).

@@ -4,8 +4,6 @@ package consumer
 // committed after it; see ExternalHandler and the package documentation.
 
 import (
-	"github.com/idemkit/idem"
-
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -223,11 +221,7 @@ func (c *Consumer) complete(ctx context.Context, d *Delivery, h dedupe.Holder, r
 	switch {
 	case err == nil:
 		c.ack(ctx, d)
-		e := idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: OutcomeProcessed, Count: 1, Duration: took, HandlerDuration: took}
-		if !d.EnqueuedAt.IsZero() {
-			e.EndToEnd = []time.Duration{time.Since(d.EnqueuedAt)}
-		}
-		c.cfg.Observer.Observe(e)
+		c.observeProcessed([]*Delivery{d}, took, took, time.Now())
 	case errors.Is(err, dedupe.ErrLeaseLost):
 		c.log.WarnContext(ctx, "effect performed, but the lease was taken over before completion; the new holder performs it again with the same key",
 			"key", d.Key)

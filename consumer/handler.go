@@ -1,11 +1,10 @@
 package consumer
 
 import (
-	"time"
-
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go/jetstream"

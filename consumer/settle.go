@@ -5,11 +5,11 @@ package consumer
 import (
 	"context"
 	"fmt"
-	"github.com/idemkit/idem/internal/otelmsg"
 	"sync"
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/otelmsg"
 )
 
 func (c *Consumer) ack(ctx context.Context, d *Delivery) {
@@ -47,6 +47,23 @@ func (c *Consumer) fail(ctx context.Context, d *Delivery, attempt int, err error
 func (c *Consumer) retryLater(d *Delivery, delay time.Duration) {
 	_ = d.raw.NakWithDelay(delay)
 	c.observe(OutcomeFailed, 1, 0)
+}
+
+// observeProcessed reports deliveries whose effect committed at committed: the
+// batch's duration, the part of it in handlers, and each message's end-to-end
+// latency from its outbox row (idem.HeaderEnqueuedAt), when it has one.
+func (c *Consumer) observeProcessed(ds []*Delivery, took, handlers time.Duration, committed time.Time) {
+	if len(ds) == 0 || c.cfg.Observer == nil {
+		return // no latencies to compute for nobody
+	}
+	e := idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: OutcomeProcessed,
+		Count: len(ds), Duration: took, HandlerDuration: handlers}
+	for _, d := range ds {
+		if !d.EnqueuedAt.IsZero() {
+			e.EndToEnd = append(e.EndToEnd, committed.Sub(d.EnqueuedAt))
+		}
+	}
+	c.cfg.Observer.Observe(e)
 }
 
 func (c *Consumer) observe(outcome string, n int, took time.Duration) {

@@ -200,9 +200,8 @@ func (o *Outbox) check(m idem.Message) error {
 		return errors.New("nil payload")
 	}
 	for name, v := range m.Headers {
-		switch name {
-		case idem.HeaderKey, idem.HeaderMsgID, idem.HeaderEnqueuedAt:
-			return fmt.Errorf("header %s is set by the relay from the key and subject; do not set it", name)
+		if idem.SetByRelay(name) {
+			return fmt.Errorf("header %s is set by the relay; do not set it", name)
 		}
 		if err := idem.ValidateHeader(name, v); err != nil {
 			return err

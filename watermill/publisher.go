@@ -124,11 +124,7 @@ func enqueue(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, subject string, 
 // travel in the key itself, and the relay sets the Msg-Id and the enqueue time (a
 // handler that copies a consumed message's metadata would otherwise carry them).
 func dropped(name string) bool {
-	switch name {
-	case idem.HeaderKey, idem.HeaderScope, idem.HeaderMsgID, idem.HeaderEnqueuedAt:
-		return true
-	}
-	return false
+	return name == idem.HeaderScope || idem.SetByRelay(name)
 }
 
 // toIdem maps one Watermill message onto an outbox message.

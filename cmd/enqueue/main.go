@@ -12,7 +12,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/idemkit/idem/internal/buildinfo"
 	"io"
 	"log/slog"
 	"net/http"
@@ -24,6 +23,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/client"
+	"github.com/idemkit/idem/internal/buildinfo"
 )
 
 // Exit codes, part of the CLI's contract.

@@ -27,8 +27,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/idemkit/idem/internal/buildinfo"
-	"github.com/idemkit/idem/internal/tracelog"
 	"io"
 	"log/slog"
 	"os"
@@ -39,8 +37,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/internal/buildinfo"
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/runenv"
+	"github.com/idemkit/idem/internal/tracelog"
 	"github.com/idemkit/idem/refapp"
 )
 

@@ -128,7 +128,10 @@ func Open(ctx context.Context, cfg Config) (_ *Env, err error) {
 	if cfg.NATSURL == "" && !cfg.NATSAuth.Empty() {
 		return nil, errors.New("NATS credentials and TLS files are for a server given by URL; the embedded server makes its own token")
 	}
-	if err := cfg.NATSAuth.validate(); err != nil {
+	// Before anything starts: a bad combination, or an unreadable nkey seed, fails
+	// here having changed nothing.
+	natsAuth, err := cfg.NATSAuth.Options()
+	if err != nil {
 		return nil, err
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
@@ -167,14 +170,10 @@ func Open(ctx context.Context, cfg Config) (_ *Env, err error) {
 		}
 		cfg.Logger.InfoContext(ctx, "embedded JetStream started", "url", embeddednats.Redact(e.NATSURL), "store", store)
 	}
-	auth, err := cfg.NATSAuth.Options()
-	if err != nil {
-		return nil, err
-	}
 	// NATSURL may list several servers of a cluster, comma-separated: the client
 	// connects to one and fails over to the others (and to those the cluster
 	// announces).
-	opts := append([]nats.Option{nats.Name(cfg.ApplicationName), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}, auth...)
+	opts := append([]nats.Option{nats.Name(cfg.ApplicationName), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}, natsAuth...)
 	if e.NC, err = nats.Connect(e.NATSURL, opts...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(e.NATSURL), err)
 	}
