@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,7 +30,48 @@ type Config struct {
 // Inbox is the idem_inbox table of one schema. It holds no connection: every method
 // takes the transaction or pool it runs on. It is safe for concurrent use.
 type Inbox struct {
-	q queries
+	q      queries
+	schema string
+	// layout caches whether idem_inbox is partitioned (package partition): 0 not
+	// yet known, layoutPlain or layoutPartitioned. It is learnt on first use and
+	// forgotten when a plain-table claim finds the table converted under it.
+	layout atomic.Int32
+}
+
+const (
+	layoutPlain int32 = iota + 1
+	layoutPartitioned
+)
+
+// partitioned reports whether the inbox table is partitioned, asking q once.
+func (in *Inbox) partitioned(ctx context.Context, q pgschema.Row) (bool, error) {
+	switch in.layout.Load() {
+	case layoutPlain:
+		return false, nil
+	case layoutPartitioned:
+		return true, nil
+	}
+	ok, err := pgschema.Partitioned(ctx, q, in.schema, "idem_inbox")
+	if err != nil {
+		return false, fmt.Errorf("dedupe: %w", err)
+	}
+	if ok {
+		in.layout.Store(layoutPartitioned)
+	} else {
+		in.layout.Store(layoutPlain)
+	}
+	return ok, nil
+}
+
+// relearnLayout forgets the cached layout when err says the table is no longer
+// the plain one the statement was written for: ON CONFLICT (consumer, key) has
+// no unique index to use on a partitioned inbox (SQLSTATE 42P10). The caller's
+// retry then uses the partitioned claim.
+func (in *Inbox) relearnLayout(err error) {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P10" {
+		in.layout.Store(0)
+	}
 }
 
 // New returns the inbox in cfg.Schema.
@@ -36,7 +79,7 @@ func New(cfg Config) (*Inbox, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("dedupe: %w", err)
 	}
-	return &Inbox{q: newQueries(cfg.Schema)}, nil
+	return &Inbox{q: newQueries(cfg.Schema), schema: cfg.Schema}, nil
 }
 
 // fingerprint is the SHA-256 of a payload: what a key was first seen with.
@@ -113,11 +156,20 @@ func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims [
 	for i, c := range sorted {
 		keys[i], fps[i] = c.Key, fingerprint(c.Payload)
 	}
-	rows, err := tx.Query(ctx, in.q.claim, consumer, keys, fps, lifetime)
+	partitioned, err := in.partitioned(ctx, tx)
 	if err != nil {
-		return nil, fmt.Errorf("dedupe: claim: %w", err)
+		return nil, err
 	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var claimed []string
+	if partitioned {
+		claimed, err = in.claimPartitioned(ctx, tx, consumer, keys, fps, lifetime)
+	} else {
+		var rows pgx.Rows
+		if rows, err = tx.Query(ctx, in.q.claim, consumer, keys, fps, lifetime); err == nil {
+			claimed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+		in.relearnLayout(err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim: %w", err)
 	}
@@ -144,6 +196,33 @@ func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims [
 		out[c.Key] = v
 	}
 	return out, nil
+}
+
+// claimPartitioned claims keys in a partitioned inbox: the keys' advisory locks,
+// then the insert of the keys no partition has, in one round trip.
+func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer string, keys []string, fps [][]byte, lifetime time.Duration) ([]string, error) {
+	b := &pgx.Batch{}
+	b.Queue(in.q.claimLock, consumer, keys)
+	b.Queue(in.q.claimPartitioned, consumer, keys, fps, lifetime)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	var isolation string
+	var locked int64
+	if err := br.QueryRow().Scan(&isolation, &locked); err != nil {
+		return nil, fmt.Errorf("key locks: %w", err)
+	}
+	if isolation != "read committed" {
+		return nil, fmt.Errorf("a partitioned inbox claims only under READ COMMITTED (the transaction is %s): the claim must see a key committed while it waited for the key's lock", strings.ToUpper(isolation))
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	return claimed, br.Close()
 }
 
 // Check judges keys without claiming them: Duplicate, Mismatch or Absent.

@@ -163,14 +163,26 @@ func TestInboxSchemaIsQualified(t *testing.T) {
 
 // Two transactions claim the same key at once: the second waits for the first and
 // sees the key Duplicate when it commits, Fresh when it rolls back. Exactly one of
-// them ever owns the key.
+// them ever owns the key. On a partitioned inbox the two claims ask for different
+// lifetimes, so their rows would land in different partitions, which no unique
+// index spans: there only the claim's key lock makes the second wait.
 func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 	t.Parallel()
-	for _, firstCommits := range []bool{true, false} {
-		name := map[bool]string{true: "first commits", false: "first rolls back"}[firstCommits]
+	for _, tc := range []struct {
+		firstCommits, partitioned bool
+	}{{true, false}, {false, false}, {true, true}, {false, true}} {
+		name := map[bool]string{true: "first commits", false: "first rolls back"}[tc.firstCommits]
+		if tc.partitioned {
+			name += " partitioned"
+		}
+		firstCommits := tc.firstCommits
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.New(t)
+			db := pgtest.NewWith(t, pgtest.Options{Partitioned: tc.partitioned})
+			secondLifetime := time.Hour
+			if tc.partitioned {
+				secondLifetime = 7 * 24 * time.Hour
+			}
 			in, err := dedupe.New(dedupe.Config{})
 			if err != nil {
 				t.Fatal(err)
@@ -198,7 +210,7 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 				var r result
 				r.err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 					var err error
-					r.v, err = in.Claim(ctx, tx, claimConsumer, cl, time.Hour)
+					r.v, err = in.Claim(ctx, tx, claimConsumer, cl, secondLifetime)
 					return err
 				})
 				second <- r

@@ -34,6 +34,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -143,8 +144,7 @@ func (in *Inbox) Lease(ctx context.Context, db Querier, consumer, key string, pa
 			state   []byte
 			until   time.Time
 		)
-		err := db.QueryRow(ctx, in.q.leaseAcquire, consumer, key, fp, leaseFor, token, lifetime).
-			Scan(&attempt, &step, &state, &until)
+		err := in.acquire(ctx, db, consumer, key, fp, leaseFor, token, lifetime, &attempt, &step, &state, &until)
 		if err == nil {
 			r := LeaseResult{
 				Outcome:   LeaseAcquired,
@@ -189,6 +189,62 @@ func (in *Inbox) Lease(ctx context.Context, db Querier, consumer, key string, pa
 		// Expired between the two statements: go round and take it over.
 	}
 	return LeaseResult{}, fmt.Errorf("dedupe: lease %q: the row kept changing under %d attempts", key, leaseTries)
+}
+
+// batcher is what a lease on a partitioned inbox needs from db: its key lock and
+// its acquisition go in one pipeline, one implicit transaction.
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// acquire runs one acquisition and scans its row (pgx.ErrNoRows: the key was not
+// free to take).
+func (in *Inbox) acquire(ctx context.Context, db Querier, consumer, key string, fp []byte, leaseFor time.Duration, token string, lifetime time.Duration, dest ...any) error {
+	partitioned, err := in.partitioned(ctx, db)
+	if err != nil {
+		return err
+	}
+	if !partitioned {
+		err := db.QueryRow(ctx, in.q.leaseAcquire, consumer, key, fp, leaseFor, token, lifetime).Scan(dest...)
+		in.relearnLayout(err)
+		return err
+	}
+	bdb, ok := db.(batcher)
+	if !ok {
+		return fmt.Errorf("a lease on a partitioned inbox needs a pool, connection or transaction (SendBatch), not %T", db)
+	}
+	b := &pgx.Batch{}
+	b.Queue(in.q.claimLock, consumer, []string{key})
+	b.Queue(in.q.leaseInsert, consumer, key, fp, leaseFor, token, lifetime)
+	b.Queue(in.q.leaseTakeOver, consumer, key, fp, leaseFor, token)
+	br := bdb.SendBatch(ctx, b)
+	defer br.Close()
+	var isolation string
+	var locked int64
+	if err := br.QueryRow().Scan(&isolation, &locked); err != nil {
+		return fmt.Errorf("key lock: %w", err)
+	}
+	if isolation != "read committed" {
+		return fmt.Errorf("a partitioned inbox leases only under READ COMMITTED (the transaction is %s)", strings.ToUpper(isolation))
+	}
+	inserted := br.QueryRow().Scan(dest...)
+	if inserted != nil && !errors.Is(inserted, pgx.ErrNoRows) {
+		return inserted
+	}
+	tookOver := br.QueryRow().Scan(dest...)
+	if inserted == nil {
+		if tookOver == nil {
+			return errors.New("a new lease was also taken over in one acquisition") // cannot happen: see sqlLeaseTakeOver
+		}
+		if !errors.Is(tookOver, pgx.ErrNoRows) {
+			return tookOver
+		}
+		return br.Close()
+	}
+	if tookOver != nil {
+		return tookOver
+	}
+	return br.Close()
 }
 
 // ExtendLease pushes the holder's lease to now()+leaseFor and returns the new end.

@@ -25,6 +25,25 @@ WHERE i.status = 'leased'
   AND i.fingerprint = EXCLUDED.fingerprint
 RETURNING lease_attempts, step, step_state, lease_until`
 
+	// The acquisition on a partitioned inbox, sent as one pipeline after
+	// sqlClaimLock (the key's advisory lock) in one implicit transaction: insert the
+	// key as leased if no partition has it, else take an expired lease over. The
+	// take-over cannot match the row the insert just made: its lease_until is
+	// ahead of now(), and its owner is this acquisition.
+	sqlLeaseInsert = `
+INSERT INTO idem_inbox (consumer, key, fingerprint, status, lease_until, lease_owner, lease_attempts, expires_at)
+SELECT $1, $2, $3, 'leased', now() + $4::interval, $5, 1, now() + $6::interval
+WHERE NOT EXISTS (SELECT 1 FROM idem_inbox WHERE consumer = $1 AND key = $2)
+RETURNING lease_attempts, step, step_state, lease_until`
+
+	sqlLeaseTakeOver = `
+UPDATE idem_inbox AS i
+SET lease_until = now() + $4::interval, lease_owner = $5, lease_attempts = i.lease_attempts + 1
+WHERE consumer = $1 AND key = $2 AND status = 'leased'
+  AND (lease_until IS NULL OR lease_until <= now())
+  AND fingerprint = $3 AND lease_owner IS DISTINCT FROM $5
+RETURNING lease_attempts, step, step_state, lease_until`
+
 	// What stood in the way of an acquisition, judged by the database's clock.
 	sqlLeaseInspect = `
 SELECT status, fingerprint, result, lease_until, now()

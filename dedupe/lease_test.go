@@ -175,10 +175,25 @@ func TestLeaseExtend(t *testing.T) {
 }
 
 // Many workers race for the same key, new and then expired: exactly one acquires
-// each time, the rest are told it is busy.
+// each time, the rest are told it is busy. On a partitioned inbox half of them
+// ask for a week's lifetime, so their rows would land in another partition than
+// the others', where no unique index could stop a second winner.
 func TestLeaseRaceHasOneWinner(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	for _, partitioned := range []bool{false, true} {
+		t.Run(map[bool]string{false: "plain", true: "partitioned"}[partitioned], func(t *testing.T) {
+			t.Parallel()
+			leaseRace(t, partitioned)
+		})
+	}
+}
+
+func leaseRace(t *testing.T, partitioned bool) {
+	db := pgtest.NewWith(t, pgtest.Options{Partitioned: partitioned})
+	inbox, err := dedupe.New(dedupe.Config{}) // its own: an Inbox learns one database's layout
+	if err != nil {
+		t.Fatal(err)
+	}
 	const workers = 12
 
 	race := func(leaseFor time.Duration) (acquired []dedupe.LeaseResult, busy int) {
@@ -187,12 +202,16 @@ func TestLeaseRaceHasOneWinner(t *testing.T) {
 			wg    sync.WaitGroup
 			start = make(chan struct{})
 		)
-		for range workers {
+		for i := range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				lifetime := time.Hour
+				if partitioned && i%2 == 1 {
+					lifetime = 7 * 24 * time.Hour
+				}
 				<-start
-				r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, "k-race", fpA, leaseFor, time.Hour)
+				r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, "k-race", fpA, leaseFor, lifetime)
 				if err != nil {
 					t.Error(err)
 					return

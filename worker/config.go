@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/partition"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/reconcile"
 )
@@ -100,6 +101,11 @@ type RetentionConfig struct {
 	// DefaultDeadLetterRetention); it is kept anyway until its replay horizon has
 	// passed.
 	DeadLetters time.Duration
+	// Partitions tunes the partitions of idem_inbox and idem_outbox once they are
+	// partitioned (partition.Convert, `worker partition`): each round creates them
+	// ahead and drops the expired ones before deleting rows. Schema is the worker's;
+	// KeyLifetime defaults to the longest of the worker's consumers'.
+	Partitions partition.Config
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {

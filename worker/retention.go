@@ -4,17 +4,23 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/partition"
 )
 
 // Outcome of the collector's events (Component idem.ComponentCollector, Name the
 // table).
 const OutcomeDeleted = "deleted"
+
+// OutcomeDropped is a partition dropped whole because every row in it had
+// expired (Count is 1 partition).
+const OutcomeDropped = "dropped"
 
 // DefaultDeadLetterRetention is how long a dead letter is kept after it was filed,
 // replayed or not. A dead letter is also kept, however old, until its replay
@@ -27,6 +33,7 @@ const DefaultDeadLetterRetention = 30 * 24 * time.Hour
 // storage in check; the key lifetimes themselves are never shortened to do so.
 type collector struct {
 	pool    *pgxpool.Pool
+	schema  string
 	cfg     RetentionConfig
 	log     *slog.Logger
 	observe idem.Observer
@@ -37,15 +44,52 @@ type collectedTable struct {
 	name, sql string
 	// args, when set, are the statement's parameters after the batch size.
 	args func(RetentionConfig) []any
+	// defaultSQL, for a table package partition may have partitioned, is sql run
+	// against the table's default partition alone. A partitioned table's ranged
+	// partitions are dropped whole; its default partition (the rows from before
+	// the conversion, and any beyond the last partition) is collected row by row.
+	// The plain statement would be wrong there, not just slow: a ctid is unique
+	// within one partition only.
+	defaultSQL string
 }
 
 func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
-	c := &collector{pool: pool, cfg: cfg, log: log.With("component", "collector"), observe: observe}
+	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe}
 	for _, t := range sqlCollect {
+		if t.name == string(partition.Inbox) || t.name == string(partition.Outbox) {
+			t.defaultSQL = strings.ReplaceAll(t.sql, t.name, partition.DefaultPartition(schema, partition.Table(t.name)))
+		}
 		t.sql = pgschema.Qualify(schema, t.sql)
 		c.tables = append(c.tables, t)
 	}
 	return c
+}
+
+// partitionConfig is the partitioner's configuration of this collector.
+func (c *collector) partitionConfig() partition.Config {
+	p := c.cfg.Partitions
+	p.Schema = c.schema
+	return p
+}
+
+// maintainPartitions makes partitions ready ahead and drops the expired ones, when
+// the tables are partitioned (partition.Convert, `worker partition`).
+func (c *collector) maintainPartitions(ctx context.Context) error {
+	r, err := partition.Maintain(ctx, c.pool, c.partitionConfig())
+	if err != nil {
+		return fmt.Errorf("collect: %w", err)
+	}
+	for _, p := range r.Created {
+		c.log.InfoContext(ctx, "collector: partition created", "table", p.Table, "partition", p.Name, "from", p.From, "to", p.To)
+	}
+	for _, p := range r.Dropped {
+		c.log.InfoContext(ctx, "collector: expired partition dropped", "table", p.Table, "partition", p.Name, "rows_estimate", p.Rows)
+		c.observe.Observe(idem.Event{Component: idem.ComponentCollector, Name: string(p.Table), Outcome: OutcomeDropped, Count: 1})
+	}
+	for _, d := range r.Deferred {
+		c.log.WarnContext(ctx, "collector: partition maintenance deferred", "why", d)
+	}
+	return nil
 }
 
 // deadLetterRetention is how long dead letters are kept after they were filed.
@@ -77,16 +121,30 @@ func (c *collector) run(ctx context.Context) error {
 	}
 }
 
-// collectOnce deletes every expired row, batch by batch, and returns how many.
+// collectOnce maintains the partitions, then deletes every expired row, batch by
+// batch, and returns how many rows it deleted.
 func (c *collector) collectOnce(ctx context.Context) (int64, error) {
+	if err := c.maintainPartitions(ctx); err != nil {
+		return 0, err
+	}
 	var total int64
 	for _, table := range c.tables {
 		args := []any{c.cfg.BatchSize}
 		if table.args != nil {
 			args = append(args, table.args(c.cfg)...)
 		}
+		sql := table.sql
+		if table.defaultSQL != "" {
+			partitioned, err := pgschema.Partitioned(ctx, c.pool, c.schema, table.name)
+			if err != nil {
+				return total, fmt.Errorf("collect %s: %w", table.name, err)
+			}
+			if partitioned {
+				sql = table.defaultSQL
+			}
+		}
 		for {
-			tag, err := c.pool.Exec(ctx, table.sql, args...)
+			tag, err := c.pool.Exec(ctx, sql, args...)
 			if err != nil {
 				return total, fmt.Errorf("collect %s: %w", table.name, err)
 			}
@@ -108,6 +166,24 @@ func (c *collector) collectOnce(ctx context.Context) (int64, error) {
 		}
 	}
 	return total, nil
+}
+
+// Collect runs one collection round on pool without a Worker: the partition
+// maintenance, then the deletion of every expired row, batch by batch, in schema.
+// It returns how many rows it deleted. It is what the collector of a worker does
+// every Retention.Interval, for operators' jobs and benchmarks.
+func Collect(ctx context.Context, pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger) (int64, error) {
+	if err := pgschema.Validate(schema); err != nil {
+		return 0, fmt.Errorf("worker: collect: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	n, err := newCollector(pool, schema, cfg.withDefaults(), log, nil).collectOnce(ctx)
+	if err != nil {
+		return n, fmt.Errorf("worker: %w", err)
+	}
+	return n, nil
 }
 
 // CollectOnce deletes every expired row now, batch by batch, and returns how many:

@@ -2,13 +2,17 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/partition"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -86,5 +90,79 @@ func TestCollectOnceDeletesExpiredDeadLetters(t *testing.T) {
 	}
 	if got := db.Count(t, `SELECT count(*) FROM idem_dead_letters`); got != 4+5+1 {
 		t.Errorf("dead letters left = %d, want 10", got)
+	}
+}
+
+// On partitioned tables the collector drops whole partitions whose rows have all
+// expired, and deletes row by row only in the default partition (the rows from
+// before the conversion). It never deletes through the parent by ctid: a ctid is
+// unique within one partition only, and the live row at the same ctid in another
+// partition would go too.
+func TestCollectorOnPartitionedTables(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewWith(t, pgtest.Options{NoMigrate: false})
+	db := env.DB
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// Rows from before the conversion: expired, and one live.
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      SELECT 'c', 'legacy-' || g, '\x00', 'done', now() - interval '1 second' FROM generate_series(1, 5) g`)
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at) VALUES ('c', 'legacy-live', '\x00', 'done', now() + interval '1 hour')`)
+	if _, err := partition.Convert(ctx, db.Pool, partition.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	// Live keys in today's partitions, at the same ctids as the default's rows.
+	if _, err := partition.Maintain(ctx, db.Pool, partition.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      SELECT 'c', 'new-' || g, '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, 5) g`)
+
+	// A past day, as a database converted long ago has it, holding expired keys;
+	// the first row of each partition sits at ctid (0,1), like the default's first.
+	day := time.Now().UTC().Truncate(partition.Day).AddDate(0, 0, -2)
+	exec(fmt.Sprintf(`CREATE TABLE idem_inbox_p%s PARTITION OF idem_inbox FOR VALUES FROM ('%s') TO ('%s')`,
+		day.Format("20060102"), day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)))
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      SELECT 'c', 'past-' || g, '\x00', 'done', $1::timestamptz + interval '1 hour' FROM generate_series(1, 7) g`, day)
+
+	var mu sync.Mutex
+	dropped := 0
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+		Observer: func(e idem.Event) {
+			if e.Component == idem.ComponentCollector && e.Outcome == worker.OutcomeDropped {
+				mu.Lock()
+				dropped += e.Count
+				mu.Unlock()
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := w.CollectOnce(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 5 {
+		t.Errorf("deleted %d rows, want the 5 expired ones of the default partition", n)
+	}
+	mu.Lock()
+	if dropped != 1 {
+		t.Errorf("dropped %d partitions, want the past day", dropped)
+	}
+	mu.Unlock()
+	var left string
+	if err := db.Pool.QueryRow(ctx, `SELECT string_agg(key, ',' ORDER BY key) FROM idem_inbox`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if want := "legacy-live,new-1,new-2,new-3,new-4,new-5"; left != want {
+		t.Errorf("inbox keeps %q, want %q", left, want)
 	}
 }

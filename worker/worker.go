@@ -167,7 +167,11 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	w.keeper = &streamKeeper{w: w, interval: keeperEvery}
 	if !cfg.DisableRetention {
-		w.collector = newCollector(pool, cfg.Schema, cfg.Retention, w.log, observe)
+		ret := cfg.Retention
+		for _, c := range w.consumers {
+			ret.Partitions.KeyLifetime = max(ret.Partitions.KeyLifetime, c.Config().KeyLifetime)
+		}
+		w.collector = newCollector(pool, cfg.Schema, ret, w.log, observe)
 	}
 	return w, nil
 }
@@ -229,6 +233,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	for _, l := range lifetimes {
 		w.log.InfoContext(ctx, "key lifetimes checked", "for", l.For, "inbox", l.InboxKey, "requests", l.RequestKey,
 			"stream_max_age", l.StreamMaxAge, "redelivery_horizon", l.Redelivery, "client_resend", l.ClientResend)
+	}
+
+	// Partitions first, so a partitioned inbox has today's and the days ahead
+	// before the first claim; a failure only leaves rows to the default partition.
+	if w.collector != nil {
+		if err := w.collector.maintainPartitions(ctx); err != nil {
+			w.log.WarnContext(ctx, "worker: partition maintenance at start failed; the collector retries", "err", err)
+		}
 	}
 
 	var comps []component

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -324,6 +325,11 @@ func TestComponentFailureStopsTheWorker(t *testing.T) {
 // unexpired requests stay.
 func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 	t.Parallel()
+	if os.Getenv("IDEM_TEST_PARTITIONED") == "1" {
+		// On partitioned tables expired rows in a ranged partition wait for the
+		// partition's drop; TestCollectorOnPartitionedTables covers that layout.
+		t.Skip("counts row deletes of the plain layout")
+	}
 	env := testenv.New(t)
 	db := env.DB
 	ctx := context.Background()

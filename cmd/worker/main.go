@@ -4,6 +4,7 @@
 //
 //	worker [flags]                              run the service
 //	worker migrate [--print] [flags]            apply the schema (or print its SQL) and exit
+//	worker partition [--convert] [flags]        partition idem_inbox and idem_outbox by day; maintain them
 //	worker dead-letters list [filters]          list dead letters
 //	worker dead-letters replay ID|filters|--all [--dry-run]
 //	                                            put dead letters back on their way
@@ -195,6 +196,9 @@ const usage = `usage:
   worker [flags]                       run the service (ingress, relay, consumers)
   worker migrate [--print] [--json] [flags]
                                        apply the schema and exit (--print: write its SQL instead)
+  worker partition [--convert] [--json]
+                                       list and maintain the day partitions of idem_inbox and
+                                       idem_outbox (--convert: partition the plain tables first)
   worker inspect [--scope S] [--json] KEY
                                        print everything known about one key
   worker stats [--json]                counts and lags (outbox backlog, inbox, dead letters)
@@ -237,6 +241,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runService(args, stderr)
 	case "migrate":
 		err = runMigrate(args, stdout, stderr)
+	case "partition":
+		err = runPartition(args, stdout, stderr)
 	case "dead-letters":
 		err = runDeadLetters(args, stdout, stderr)
 	case "inspect":

@@ -8,6 +8,8 @@
 package pgschema
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"regexp"
 
@@ -61,4 +63,28 @@ func Channel(schema, base string) string {
 		return base
 	}
 	return base + "_" + schema
+}
+
+// Row is what Partitioned needs from a pool, connection or transaction.
+type Row interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// sqlRelkind is a table's relkind: 'p' partitioned, 'r' plain; no row if absent.
+const sqlRelkind = `
+SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relname = $2`
+
+// Partitioned reports whether table (unqualified, e.g. "idem_inbox") is a
+// partitioned table in schema. A table that does not exist is not partitioned.
+func Partitioned(ctx context.Context, q Row, schema, table string) (bool, error) {
+	var kind string
+	err := q.QueryRow(ctx, sqlRelkind, Name(schema), table).Scan(&kind)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("pgschema: is %s.%s partitioned: %w", Name(schema), table, err)
+	}
+	return kind == "p", nil
 }

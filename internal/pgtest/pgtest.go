@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/partition"
 )
 
 // DefaultURL is the database the tests use when DATABASE_URL is unset.
@@ -48,7 +49,14 @@ type Options struct {
 	Schema string
 	// NoMigrate leaves the database empty.
 	NoMigrate bool
+	// Partitioned converts idem_inbox and idem_outbox to partitioned tables
+	// (package partition) after the migrations. IDEM_TEST_PARTITIONED=1 sets it
+	// for every test database, to run a package's tests against that layout.
+	Partitioned bool
 }
+
+// partitionedByEnv reports IDEM_TEST_PARTITIONED=1.
+func partitionedByEnv() bool { return os.Getenv("IDEM_TEST_PARTITIONED") == "1" }
 
 // New creates a fresh migrated database for t and drops it at cleanup.
 func New(t testing.TB) *DB {
@@ -108,6 +116,15 @@ func NewWith(t testing.TB, opts Options) *DB {
 	if !opts.NoMigrate {
 		if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{Schema: opts.Schema}); err != nil {
 			t.Fatalf("pgtest: migrate: %v", err)
+		}
+		if opts.Partitioned || partitionedByEnv() {
+			pc := partition.Config{Schema: opts.Schema}
+			if _, err := partition.Convert(ctx, db.Pool, pc); err != nil {
+				t.Fatalf("pgtest: %v", err)
+			}
+			if _, err := partition.Maintain(ctx, db.Pool, pc); err != nil {
+				t.Fatalf("pgtest: %v", err)
+			}
 		}
 	}
 	return db

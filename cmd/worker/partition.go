@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/partition"
+)
+
+const partitionUsage = `usage: worker partition [--convert] [--json] [flags]
+
+Lists the partitions of idem_inbox and idem_outbox and runs one maintenance round:
+partitions are created ahead and the ones whose rows have all expired are dropped
+(the worker's collector does the same every retention interval).
+
+With --convert it first turns the two plain tables into partitioned ones, in place
+and idempotently: each becomes the DEFAULT partition of a partitioned table of the
+same name. The conversion holds an exclusive lock on each table while Postgres
+builds the new primary key's index over the existing rows: seconds per million
+rows. Run it on an empty installation, or in a quiet moment. See docs/SCALING.md.
+
+Exit status: 0 ok, 1 error, 2 usage error.
+
+flags:
+`
+
+// partitionTimeout bounds the whole command; a conversion of a large table takes
+// longer than the other operator commands' opsTimeout.
+const partitionTimeout = 30 * time.Minute
+
+func runPartition(args []string, stdout, stderr io.Writer) error {
+	var convert, asJSON bool
+	o, fs, rest, err := parseOps("worker partition", partitionUsage, args, stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&convert, "convert", false, "convert the plain tables to partitioned ones first")
+		fs.BoolVar(&asJSON, "json", false, "print the result as one JSON document")
+	})
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return usagef("partition: unexpected arguments %q", rest)
+	}
+	if err := pgschema.Validate(o.schema); err != nil {
+		return usagef("partition: --schema: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), partitionTimeout)
+	defer cancel()
+	pool, err := openOpsPool(ctx, o, fs)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	cfg := partition.Config{Schema: o.schema}
+	var out struct {
+		Converted  *partition.ConvertReport         `json:"converted,omitempty"`
+		Round      partition.Report                 `json:"round"`
+		Partitions map[string][]partition.Partition `json:"partitions"`
+	}
+	if convert {
+		r, err := partition.Convert(ctx, pool, cfg)
+		if err != nil {
+			return err
+		}
+		out.Converted = &r
+	}
+	if out.Round, err = partition.Maintain(ctx, pool, cfg); err != nil {
+		return err
+	}
+	out.Partitions = map[string][]partition.Partition{}
+	for _, t := range partition.Tables() {
+		parts, err := partition.List(ctx, pool, cfg, t)
+		if err != nil {
+			return err
+		}
+		out.Partitions[string(t)] = parts
+	}
+	if asJSON {
+		return json.NewEncoder(stdout).Encode(out)
+	}
+	if out.Converted != nil {
+		for _, t := range out.Converted.Converted {
+			fmt.Fprintf(stdout, "converted %s\n", t)
+		}
+		for _, t := range out.Converted.Already {
+			fmt.Fprintf(stdout, "%s was partitioned already\n", t)
+		}
+	}
+	for _, t := range out.Round.NotPartitioned {
+		fmt.Fprintf(stdout, "%s is a plain table (convert it with --convert)\n", t)
+	}
+	for _, p := range out.Round.Created {
+		fmt.Fprintf(stdout, "created %s\n", p)
+	}
+	for _, p := range out.Round.Dropped {
+		fmt.Fprintf(stdout, "dropped %s\n", p)
+	}
+	for _, p := range out.Round.Kept {
+		fmt.Fprintf(stdout, "kept %s: it still holds a live row\n", p)
+	}
+	for _, d := range out.Round.Deferred {
+		fmt.Fprintf(stdout, "deferred: %s\n", d)
+	}
+	for _, t := range partition.Tables() {
+		for _, p := range out.Partitions[string(t)] {
+			fmt.Fprintf(stdout, "%s\t~%d rows\n", p, max(p.Rows, 0))
+		}
+	}
+	return nil
+}
