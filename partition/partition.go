@@ -207,6 +207,13 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
+// isCheckViolation reports an ATTACH refused because the default partition holds
+// rows of the new partition's range (SQLSTATE 23514).
+func isCheckViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23514"
+}
+
 // inTx runs fn in a transaction that holds the partitioner's advisory lock, with the configured lock_timeout for every lock it takes after that one.
 func inTx(ctx context.Context, pool *pgxpool.Pool, lockTimeout time.Duration, fn func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -123,11 +124,11 @@ func (c *collector) run(ctx context.Context) error {
 
 // collectOnce maintains the partitions, then deletes every expired row, batch by
 // batch, and returns how many rows it deleted.
-func (c *collector) collectOnce(ctx context.Context) (int64, error) {
-	if err := c.maintainPartitions(ctx); err != nil {
-		return 0, err
+func (c *collector) collectOnce(ctx context.Context) (total int64, err error) {
+	// A failed maintenance does not hold up the row deletes; the round reports it.
+	if merr := c.maintainPartitions(ctx); merr != nil {
+		defer func() { err = errors.Join(err, merr) }()
 	}
-	var total int64
 	for _, table := range c.tables {
 		args := []any{c.cfg.BatchSize}
 		if table.args != nil {
