@@ -74,7 +74,9 @@ func (in *Inbox) relearnLayout(err error) {
 	}
 }
 
-// New returns the inbox in cfg.Schema.
+// New returns the inbox in cfg.Schema. The inbox learns on its first claim
+// whether the table is partitioned (package partition) and claims accordingly, so
+// use one Inbox per database.
 func New(cfg Config) (*Inbox, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("dedupe: %w", err)
