@@ -173,8 +173,7 @@ func Open(ctx context.Context, cfg Config) (_ *Env, err error) {
 	// NATSURL may list several servers of a cluster, comma-separated: the client
 	// connects to one and fails over to the others (and to those the cluster
 	// announces).
-	opts := append([]nats.Option{nats.Name(cfg.ApplicationName), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}, natsAuth...)
-	if e.NC, err = nats.Connect(e.NATSURL, opts...); err != nil {
+	if e.NC, err = nats.Connect(e.NATSURL, ConnOptions(cfg.ApplicationName, natsAuth...)...); err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(e.NATSURL), err)
 	}
 	return e, nil
@@ -307,4 +306,28 @@ func Redact(u string) string {
 		return u
 	}
 	return fmt.Sprintf("postgres://%s:***@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database)
+}
+
+// Keepalive of the NATS connection: a ping every PingInterval, and the connection
+// is given up (and another server of the cluster tried) after MaxPingsOutstanding
+// unanswered ones. nats.go's defaults (2 minutes, 2) leave a worker on a server
+// that stopped answering without closing its socket (SIGSTOP, a partition that
+// drops packets) for up to 4 minutes: its relay waits for PubAcks that never come.
+// The cluster chaos test (test/chaos, TestChaosCluster) found it.
+const (
+	PingInterval        = 5 * time.Second
+	MaxPingsOutstanding = 2
+)
+
+// ConnOptions are the worker's NATS connection options, with the given
+// authentication and TLS options (see NATSAuth): reconnect forever, quickly, and
+// notice a silent server within about PingInterval × (MaxPingsOutstanding + 1).
+func ConnOptions(name string, auth ...nats.Option) []nats.Option {
+	return append([]nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.PingInterval(PingInterval),
+		nats.MaxPingsOutstanding(MaxPingsOutstanding),
+	}, auth...)
 }
