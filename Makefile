@@ -4,7 +4,7 @@ GO ?= go
 # Packages whose tests run long multi-process scenarios get their own timeout.
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test vet fuzz bench chaos-soak rss
+.PHONY: run test test-partitioned vet fuzz bench partbench chaos-soak chaos-cluster rss
 
 ## run: the worker with an embedded JetStream server (Postgres from DATABASE_URL)
 run:
@@ -14,7 +14,14 @@ run:
 test: vet
 	$(GO) test $(TEST_FLAGS) ./...
 	cd test/deploy/compose && $(GO) vet ./... && $(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) test-partitioned
 	$(MAKE) fuzz FUZZ_JOURNAL=50000x FUZZ_KEY=300000x
+
+# The packages whose SQL touches idem_inbox or idem_outbox, again on day-partitioned
+# tables (package partition): every test database is converted after migrating.
+PARTITIONED_PKGS ?= ./dedupe/ ./outbox/ ./reconcile/ ./consumer/ ./worker/ ./idemtest/ ./ops/
+test-partitioned:
+	IDEM_TEST_PARTITIONED=1 $(GO) test -count=1 -timeout 10m $(PARTITIONED_PKGS)
 
 vet:
 	$(GO) vet ./...
@@ -33,9 +40,17 @@ fuzz:
 chaos-soak:
 	IDEM_CHAOS_INTENTS=20000 IDEM_CHAOS_DURATION=10m $(GO) test -count=1 -timeout 40m -v -run 'TestChaos$$' ./test/chaos/
 
+## chaos-cluster: rounds of cluster faults for 10 minutes on three nats-server nodes (see test/chaos/README.md)
+chaos-cluster:
+	IDEM_CHAOS_INTENTS=3000 IDEM_CHAOS_DURATION=10m $(GO) test -count=1 -timeout 40m -v -run 'TestChaosCluster$$' ./test/chaos/
+
 ## rss: the worker's peak memory with 1 MiB request bodies (see BENCHMARKS.md)
 rss:
 	IDEM_RSS=1 $(GO) test -count=1 -timeout 30m -v -run TestPeakRSS ./test/rss/
+
+## partbench: row deletes against partition drops at 10M inbox rows (see docs/SCALING.md)
+partbench:
+	$(GO) run ./cmd/partbench
 
 ## bench: the benchmark program with its baselines (see BENCHMARKS.md)
 bench:

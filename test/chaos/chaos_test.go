@@ -100,6 +100,10 @@ type config struct {
 	slots           []workerSpec  // the worker topology (nil: topology())
 	lossControl     bool          // the run must lose intents: settle waits for quiescence, not for every effect
 	holdFor         time.Duration // (store runs) how long the consumers may stay down for a backlog to build
+
+	// The cluster runs (cluster_test.go) set these.
+	cluster   bool          // three nats-server nodes, an R3 stream, the cluster faults; the load stops when they are over
+	faultsFor time.Duration // (cluster soak) rounds of cluster faults start until this much of the load has passed
 }
 
 // topology is the run's worker slots.
@@ -249,6 +253,8 @@ type run struct {
 	js    jetstream.JetStream
 	smtp  *smtptest.Server // the mail sink the email consumers send to
 
+	cluster *clusterState // instead of nats in a cluster run (cluster_test.go)
+
 	workers  []*worker
 	lanes    []*lane
 	oversize *lane            // the presses whose body the broker could never carry
@@ -365,11 +371,17 @@ func runChaos(t *testing.T, cfg config) figures {
 		}
 		store = f.storeLine() + "\n"
 	}
+	if cfg.cluster {
+		store += f.clusterLine() + "\n"
+	}
 	// One write, so the lines stay together when several tests print at once.
 	fmt.Printf("chaos: run=%s seed=%d elapsed=%s\n%s\n%s", cfg.name, cfg.seed, time.Since(r.start).Round(time.Second), f, store)
 	t.Log(f.String())
-	if store != "" {
+	if cfg.storeFaults > 0 {
 		t.Log(f.storeLine())
+	}
+	if cfg.cluster {
+		t.Log(f.clusterLine())
 	}
 	return f
 }
@@ -377,7 +389,11 @@ func runChaos(t *testing.T, cfg config) figures {
 // startWorld starts the run's Postgres, nats-server, the checker's connection and
 // the supervised workers, and waits until every worker is ready.
 func (r *run) startWorld(ctx, load context.Context) error {
-	ports, err := freePorts(2 + len(r.cfg.topology())) // all at once, so no two of ours collide
+	nPorts := 2 + len(r.cfg.topology())
+	if r.cfg.cluster {
+		nPorts += clusterSize*portsPerNode - 1 // the first node's client port is ports[0]
+	}
+	ports, err := freePorts(nPorts) // all at once, so no two of ours collide
 	if err != nil {
 		return err
 	}
@@ -397,13 +413,18 @@ func (r *run) startWorld(ctx, load context.Context) error {
 	}
 	r.t.Cleanup(r.db.Pool.Close)
 	r.logf("private Postgres ready in %s (port %d)", time.Since(pgStart).Round(100*time.Millisecond), ports[len(ports)-1])
-	if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0], r.cfg.natsSyncDefault); err != nil {
+	if r.cfg.cluster {
+		natsPorts := append([]int{ports[0]}, ports[1+len(r.cfg.topology()):len(ports)-1]...)
+		if err := r.startCluster(ctx, filepath.Join(r.dir, "nats"), natsPorts); err != nil {
+			return err
+		}
+	} else if r.nats, err = startNATS(r.procs, filepath.Join(r.dir, "nats"), ports[0], r.cfg.natsSyncDefault); err != nil {
 		return err
 	}
 	if r.cfg.natsSyncDefault {
 		r.logf("nats-server at JetStream's default sync interval (no sync_interval: always)")
 	}
-	r.nc, err = nats.Connect(r.nats.URL(), nats.Name("idem-chaos-checker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	r.nc, err = nats.Connect(r.natsURL(), nats.Name("idem-chaos-checker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		return fmt.Errorf("chaos: connect to nats-server: %w", err)
 	}
@@ -517,6 +538,20 @@ func (r *run) driveLoad(ctx, load context.Context, endLoad func()) []error {
 	var errs errList
 	start := time.Now()
 	var lanes, others sync.WaitGroup
+	if r.cfg.cluster {
+		// The load runs until the cluster faults are over: the lanes stop at their
+		// next press once clusterFaults returns.
+		faultsOver := make(chan struct{})
+		for _, l := range r.lanes {
+			l.until = faultsOver
+		}
+		others.Add(1)
+		go func() {
+			defer others.Done()
+			defer close(faultsOver)
+			errs.add(r.clusterFaults(ctx, load, start))
+		}()
+	}
 	for _, l := range r.lanes {
 		lanes.Add(1)
 		go func() { defer lanes.Done(); errs.add(l.runLoad(ctx, start)) }()

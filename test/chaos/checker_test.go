@@ -43,6 +43,7 @@ type figures struct {
 	doubledBy      map[string]int // why a doubled intent was delivered again, as far as the suite knows
 	smtpDeliveries int            // raw messages the mail sink accepted
 	store          storeFigures   // the store runs' (store_test.go)
+	cluster        clusterFigures // the cluster runs' (cluster_test.go)
 }
 
 func (f figures) String() string {
@@ -90,6 +91,7 @@ func (f figures) missingFaults(cfg config) []string {
 			ps = append(ps, "the message marked Idem-Fault: panic never made its handler panic")
 		}
 	}
+	ps = append(ps, f.clusterMissing(cfg)...)
 	return append(ps, f.storeMissing(cfg)...)
 }
 
@@ -372,6 +374,9 @@ func (r *run) check(ctx context.Context, j journal) (figures, error) {
 		if err := r.checkStore(ctx, &f); err != nil {
 			return f, err
 		}
+	}
+	if r.cfg.cluster {
+		r.clusterFigures(ctx, &f) // before countFromLogs, which adds up faultsByKind
 	}
 	return f, r.countFromLogs(&f)
 }

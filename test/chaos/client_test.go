@@ -53,6 +53,8 @@ type lane struct {
 	rng     *rand.Rand
 	presses []press
 
+	until <-chan struct{} // closed: the lane makes no more presses (nil: it makes them all)
+
 	mu     sync.Mutex
 	killIn time.Duration // > 0: SIGKILL the next enqueue this long after it starts
 }
@@ -121,6 +123,8 @@ func (l *lane) runLoad(ctx context.Context, start time.Time) error {
 	for i, pr := range l.presses {
 		select {
 		case <-time.After(time.Until(start.Add(pr.at))): // the pace of the user
+		case <-l.until:
+			return nil // what is pending, finish resumes
 		case <-ctx.Done():
 			return ctx.Err()
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -201,7 +202,7 @@ func (w *worker) start(faults string) (*proc, error) {
 	fmt.Fprintf(w.log, "=== chaos: worker %s incarnation #%d roles=%s IDEM_FAULTS=%s\n", w.spec.name, w.incarnation, w.spec.roles, faults)
 	args := []string{
 		"--database-url", w.r.db.URL,
-		"--nats-url", w.r.nats.URL(),
+		"--nats-url", w.r.natsURL(),
 		"--http-addr", w.httpAddr,
 		"--data-dir", w.dataDir,
 		"--roles", w.spec.roles,
@@ -209,6 +210,9 @@ func (w *worker) start(faults string) (*proc, error) {
 		"--log-level", "debug", // duplicates folded and replays are logged at debug
 		"--shutdown-timeout", "5s",
 		"--ack-wait", ackWait.String(),
+	}
+	if w.r.cfg.cluster {
+		args = append(args, "--stream-replicas", strconv.Itoa(clusterSize))
 	}
 	if w.r.cfg.reconcileAfter != "" {
 		args = append(args, "--reconcile-after", w.r.cfg.reconcileAfter)
