@@ -1,13 +1,14 @@
-// Command partbench measures retention of idem_inbox at scale, row deletes against
-// partition drops, side by side in one run on one server:
+// Command partbench measures retention of idem_inbox and idem_outbox at scale, row
+// deletes against partition drops, side by side in one run on one server:
 //
 //	go run ./cmd/partbench                  # 10M rows, about 15 minutes here
 //	go run ./cmd/partbench -rows 1000000    # a quicker look
 //
-// For each layout (plain: today's table and the collector's batched DELETE;
-// partitioned: package partition, day partitions dropped whole) it creates a fresh
-// database, fills idem_inbox in steps up to -rows with keys that expired over the
-// past ten days, and at each step measures the claim (dedupe.Inbox.Claim of one
+// For each table and layout (plain: the table as migrated and the collector's
+// batched DELETE; partitioned: package partition, day partitions dropped whole) it
+// creates a fresh database and fills the table in steps up to -rows with rows that
+// expired over the past ten days (outbox rows: published, proven, past retention).
+// For the inbox it measures at each step the claim (dedupe.Inbox.Claim of one
 // fresh key in its own transaction, what a consumer does per message) -claims
 // times: p50 and p99. Then it runs one collection round (worker.Collect: what the
 // worker's collector does every minute) and reports its time, the WAL it wrote,
@@ -52,6 +53,7 @@ const pastDays = 10
 
 type options struct {
 	adminURL string
+	tables   []partition.Table
 	rows     int
 	steps    []int
 	claims   int
@@ -61,6 +63,7 @@ type options struct {
 
 // Result is one layout's figures (the JSON contract of this program).
 type Result struct {
+	Table  string       `json:"table"`
 	Layout string       `json:"layout"`
 	Rows   int          `json:"rows"`
 	Claims []ClaimPoint `json:"claims"`
@@ -102,12 +105,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var results []Result
-	for _, layout := range []string{"plain", "partitioned"} {
-		r, err := measure(ctx, o, layout, stderr)
-		if err != nil {
-			return fmt.Errorf("%s: %w", layout, err)
+	for _, table := range o.tables {
+		for _, layout := range []string{"plain", "partitioned"} {
+			r, err := measure(ctx, o, table, layout, stderr)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", table, layout, err)
+			}
+			results = append(results, r)
 		}
-		results = append(results, r)
 	}
 	report(stdout, results)
 	b, err := json.MarshalIndent(results, "", "  ")
@@ -131,6 +136,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.claims, "claims", 2000, "claims measured at each step")
 	fs.StringVar(&o.json, "json", "partbench-results.json", "write the results as JSON to this file")
 	fs.BoolVar(&o.keep, "keep", false, "keep the scratch databases")
+	tables := fs.String("tables", "idem_inbox,idem_outbox", "tables to measure, comma-separated")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -145,6 +151,13 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		o.steps = append(o.steps, int(f*float64(o.rows)))
 	}
 	slices.Sort(o.steps)
+	for _, t := range strings.Split(*tables, ",") {
+		t := partition.Table(strings.TrimSpace(t))
+		if !slices.Contains(partition.Tables(), t) {
+			return o, fmt.Errorf("-tables: %q is not one of %v", t, partition.Tables())
+		}
+		o.tables = append(o.tables, t)
+	}
 	return o, nil
 }
 
@@ -154,9 +167,10 @@ type scratch struct {
 	name  string
 	drop  func()
 	inbox *dedupe.Inbox
+	table partition.Table
 }
 
-func newScratch(ctx context.Context, o options, layout string) (*scratch, error) {
+func newScratch(ctx context.Context, o options, table partition.Table, layout string) (*scratch, error) {
 	admin, err := pgx.Connect(ctx, o.adminURL)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
@@ -164,7 +178,7 @@ func newScratch(ctx context.Context, o options, layout string) (*scratch, error)
 	defer admin.Close(ctx)
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	name := "idem_partbench_" + layout + "_" + hex.EncodeToString(b[:])
+	name := "idem_partbench_" + strings.TrimPrefix(string(table), "idem_") + "_" + layout + "_" + hex.EncodeToString(b[:])
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return nil, err
 	}
@@ -177,7 +191,7 @@ func newScratch(ctx context.Context, o options, layout string) (*scratch, error)
 	if err != nil {
 		return nil, err
 	}
-	s := &scratch{pool: pool, name: name}
+	s := &scratch{pool: pool, name: name, table: table}
 	s.drop = func() {
 		pool.Close()
 		if o.keep {
@@ -207,8 +221,8 @@ func newScratch(ctx context.Context, o options, layout string) (*scratch, error)
 	return s, nil
 }
 
-// partition converts the empty inbox and gives it the past days a long-running
-// installation has: the ten days of keys the fill writes, all expired.
+// partition converts the empty tables and gives the measured one the past days a
+// long-running installation has: the ten days of rows the fill writes, all expired.
 func (s *scratch) partition(ctx context.Context) error {
 	if _, err := partition.Convert(ctx, s.pool, partition.Config{}); err != nil {
 		return err
@@ -220,8 +234,8 @@ func (s *scratch) partition(ctx context.Context) error {
 	today := time.Now().UTC().Truncate(partition.Day)
 	for d := -pastDays; d < 0; d++ {
 		from := today.AddDate(0, 0, d)
-		sql := fmt.Sprintf(`CREATE TABLE idem_inbox_p%s PARTITION OF idem_inbox FOR VALUES FROM ('%s') TO ('%s')`,
-			from.Format("20060102"), from.Format(time.RFC3339), from.AddDate(0, 0, 1).Format(time.RFC3339))
+		sql := fmt.Sprintf(`CREATE TABLE %[1]s_p%[2]s PARTITION OF %[1]s FOR VALUES FROM ('%[3]s') TO ('%[4]s')`,
+			s.table, from.Format("20060102"), from.Format(time.RFC3339), from.AddDate(0, 0, 1).Format(time.RFC3339))
 		if _, err := s.pool.Exec(ctx, sql); err != nil {
 			return err
 		}
@@ -229,15 +243,15 @@ func (s *scratch) partition(ctx context.Context) error {
 	return nil
 }
 
-func measure(ctx context.Context, o options, layout string, progress io.Writer) (Result, error) {
-	r := Result{Layout: layout, Rows: o.rows}
-	s, err := newScratch(ctx, o, layout)
+func measure(ctx context.Context, o options, table partition.Table, layout string, progress io.Writer) (Result, error) {
+	r := Result{Table: string(table), Layout: layout, Rows: o.rows}
+	s, err := newScratch(ctx, o, table, layout)
 	if err != nil {
 		return r, err
 	}
 	defer s.drop()
 	logf := func(format string, args ...any) {
-		fmt.Fprintf(progress, "[%s %s] %s\n", time.Now().Format("15:04:05"), layout, fmt.Sprintf(format, args...))
+		fmt.Fprintf(progress, "[%s %s %s] %s\n", time.Now().Format("15:04:05"), table, layout, fmt.Sprintf(format, args...))
 	}
 
 	// Fill, measuring the claim at each step.
@@ -254,8 +268,11 @@ func measure(ctx context.Context, o options, layout string, progress io.Writer) 
 			filled += n
 			logf("filled %d/%d rows (%.0f rows/s)", filled, o.rows, float64(filled)/fillTime.Seconds())
 		}
-		if _, err := s.pool.Exec(ctx, `ANALYZE idem_inbox`); err != nil {
+		if _, err := s.pool.Exec(ctx, `ANALYZE `+string(table)); err != nil {
 			return r, err
+		}
+		if table != partition.Inbox {
+			continue
 		}
 		p50, p99, err := s.claims(ctx, o.claims, fmt.Sprintf("step%d", step))
 		if err != nil {
@@ -267,7 +284,7 @@ func measure(ctx context.Context, o options, layout string, progress io.Writer) 
 	if fillTime > 0 {
 		r.FillRowsPerSecond = float64(filled) / fillTime.Seconds()
 	}
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'idem_inbox'::regclass`).Scan(&r.PartitionsAtMaxRows); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = $1::regclass`, string(table)).Scan(&r.PartitionsAtMaxRows); err != nil {
 		return r, err
 	}
 
@@ -288,7 +305,7 @@ func measure(ctx context.Context, o options, layout string, progress io.Writer) 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if layout == "partitioned" {
 		past := func() (int, error) {
-			parts, err := partition.List(ctx, s.pool, partition.Config{}, partition.Inbox)
+			parts, err := partition.List(ctx, s.pool, partition.Config{}, table)
 			n := 0
 			for _, p := range parts {
 				if !p.Default && p.To.Before(time.Now()) {
@@ -322,40 +339,60 @@ func measure(ctx context.Context, o options, layout string, progress io.Writer) 
 	if r.BytesAfter, err = s.size(ctx); err != nil {
 		return r, err
 	}
-	if err := s.pool.QueryRow(ctx, `SELECT COALESCE(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE relname LIKE 'idem_inbox%'`).Scan(&r.DeadTuplesAfter); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT COALESCE(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables WHERE relname LIKE $1 || '%'`, string(table)).Scan(&r.DeadTuplesAfter); err != nil {
 		return r, err
 	}
 	logf("round: %.1f s, %d rows deleted, %d partitions dropped, WAL %s", r.RoundSeconds, r.RowsDeleted, dropped, mib(r.WALBytes))
 	t0 = time.Now()
-	if _, err := s.pool.Exec(ctx, `VACUUM idem_inbox`); err != nil {
+	if _, err := s.pool.Exec(ctx, `VACUUM `+string(table)); err != nil {
 		return r, err
 	}
 	r.VacuumSeconds = time.Since(t0).Seconds()
 	if r.BytesAfterVacuum, err = s.size(ctx); err != nil {
 		return r, err
 	}
-	if r.ClaimAfterRoundP50, r.ClaimAfterRoundP99, err = s.claims(ctx, o.claims, "after"); err != nil {
-		return r, err
+	if table == partition.Inbox {
+		if r.ClaimAfterRoundP50, r.ClaimAfterRoundP99, err = s.claims(ctx, o.claims, "after"); err != nil {
+			return r, err
+		}
 	}
 	logf("after the round and VACUUM: %s; claim p50 %.3f ms, p99 %.3f ms", mib(r.BytesAfterVacuum), r.ClaimAfterRoundP50, r.ClaimAfterRoundP99)
 	return r, nil
 }
 
-// fill inserts n expired keys, numbered from first, spread evenly over the past
-// ten days (so each past day's partition gets its share).
+// fill inserts n expired rows, numbered from first, spread evenly over the past
+// ten days (so each past day's partition gets its share). Inbox rows are keys
+// whose lifetime ended; outbox rows were published, proven complete and are past
+// their retention, with a 100-byte payload.
 func (s *scratch) fill(ctx context.Context, first, n, total int) error {
-	_, err := s.pool.Exec(ctx, `
-INSERT INTO idem_inbox (consumer, key, fingerprint, status, created_at, completed_at, expires_at)
-SELECT 'bench', 'fill-' || g, sha256(g::text::bytea), 'done', e - interval '72 hours', e - interval '72 hours', e
-FROM generate_series($1::bigint, $2::bigint) AS g
-CROSS JOIN LATERAL (SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
-                           - interval '10 days' + (g::float8 / $3::float8) * interval '10 days' AS e) AS x`,
-		first, first+n-1, total)
-	if err != nil {
+	sql := sqlFillInbox
+	if s.table == partition.Outbox {
+		sql = sqlFillOutbox
+	}
+	if _, err := s.pool.Exec(ctx, sql, first, first+n-1, total); err != nil {
 		return fmt.Errorf("fill: %w", err)
 	}
 	return nil
 }
+
+// The instant e of row g: from ten days before today's UTC midnight to it.
+const (
+	sqlFillInbox = `
+INSERT INTO idem_inbox (consumer, key, fingerprint, status, created_at, completed_at, expires_at)
+SELECT 'bench', 'fill-' || g, sha256(g::text::bytea), 'done', e - interval '72 hours', e - interval '72 hours', e
+FROM generate_series($1::bigint, $2::bigint) AS g
+CROSS JOIN LATERAL (SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                           - interval '10 days' + (g::float8 / $3::float8) * interval '10 days' AS e) AS x`
+
+	sqlFillOutbox = `
+INSERT INTO idem_outbox (key, subject, msg_id, headers, payload, created_at, published_at, attempts,
+                         stream, stream_seq, completed_at, expires_at)
+SELECT 'fill-' || g, 'bench.charge', 'bench.charge fill-' || g, '{}', convert_to(repeat('x', 100), 'UTF8'),
+       e, e, 1, 'BENCH', g, e, e + interval '1 minute'
+FROM generate_series($1::bigint, $2::bigint) AS g
+CROSS JOIN LATERAL (SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+                           - interval '10 days' + (g::float8 / ($3::float8 + 1)) * interval '10 days' + interval '1 second' AS e) AS x`
+)
 
 // claims measures n claims of one fresh key each, in their own transactions.
 func (s *scratch) claims(ctx context.Context, n int, tag string) (p50, p99 float64, err error) {
@@ -386,12 +423,13 @@ func (s *scratch) claims(ctx context.Context, n int, tag string) (p50, p99 float
 	return ms(0.5), ms(0.99), nil
 }
 
-// size is idem_inbox's bytes on disk, heap and indexes, every partition included.
+// size is the measured table's bytes on disk, heap and indexes, every partition
+// included.
 func (s *scratch) size(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.pool.QueryRow(ctx, `
 SELECT COALESCE(sum(pg_total_relation_size(c.oid)), 0)::bigint
-FROM pg_class c WHERE c.relkind = 'r' AND c.relname LIKE 'idem\_inbox%'`).Scan(&n)
+FROM pg_class c WHERE c.relkind = 'r' AND c.relname LIKE replace($1, '_', '\_') || '%'`, string(s.table)).Scan(&n)
 	return n, err
 }
 
@@ -405,29 +443,40 @@ func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
 
 func report(w io.Writer, rs []Result) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "layout\trows\tround s\tdeleted rows\tdropped partitions\tWAL\tsize before\tafter\tafter VACUUM\tdead tuples\tclaim p50/p99 ms after")
+	fmt.Fprintln(tw, "table\tlayout\trows\tround s\tdeleted rows\tdropped partitions\tWAL\tsize before\tafter\tafter VACUUM\tdead tuples")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%.3f / %.3f\n", r.Layout, r.Rows, r.RoundSeconds, r.RowsDeleted,
-			r.PartitionsDropped, mib(r.WALBytes), mib(r.BytesBefore), mib(r.BytesAfter), mib(r.BytesAfterVacuum), r.DeadTuplesAfter,
-			r.ClaimAfterRoundP50, r.ClaimAfterRoundP99)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%.2f\t%d\t%d\t%s\t%s\t%s\t%s\t%d\n", r.Table, r.Layout, r.Rows, r.RoundSeconds, r.RowsDeleted,
+			r.PartitionsDropped, mib(r.WALBytes), mib(r.BytesBefore), mib(r.BytesAfter), mib(r.BytesAfterVacuum), r.DeadTuplesAfter)
 	}
 	tw.Flush()
-	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprint(tw, "claim p50 / p99 ms at rows")
-	for _, c := range rs[0].Claims {
-		fmt.Fprintf(tw, "\t%d", c.Rows)
-	}
-	fmt.Fprintln(tw)
+	var inbox []Result
 	for _, r := range rs {
-		fmt.Fprint(tw, r.Layout)
-		for _, c := range r.Claims {
-			fmt.Fprintf(tw, "\t%.3f / %.3f", c.P50ms, c.P99ms)
+		if r.Table == string(partition.Inbox) {
+			inbox = append(inbox, r)
 		}
-		fmt.Fprintln(tw)
 	}
-	tw.Flush()
-	if len(rs) == 2 && rs[1].RoundSeconds > 0 && rs[1].WALBytes > 0 {
-		fmt.Fprintf(w, "\nratios plain/partitioned: round time %.0f×, WAL %.0f×\n", rs[0].RoundSeconds/rs[1].RoundSeconds, float64(rs[0].WALBytes)/float64(rs[1].WALBytes))
+	if len(inbox) > 0 {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprint(tw, "inbox claim p50 / p99 ms at rows")
+		for _, c := range inbox[0].Claims {
+			fmt.Fprintf(tw, "\t%d", c.Rows)
+		}
+		fmt.Fprintln(tw, "\tafter the round")
+		for _, r := range inbox {
+			fmt.Fprint(tw, r.Layout)
+			for _, c := range r.Claims {
+				fmt.Fprintf(tw, "\t%.3f / %.3f", c.P50ms, c.P99ms)
+			}
+			fmt.Fprintf(tw, "\t%.3f / %.3f\n", r.ClaimAfterRoundP50, r.ClaimAfterRoundP99)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintln(w)
+	for i := 0; i+1 < len(rs); i += 2 {
+		plain, part := rs[i], rs[i+1]
+		if part.RoundSeconds > 0 && part.WALBytes > 0 {
+			fmt.Fprintf(w, "%s plain/partitioned: round time %.0f×, WAL %.0f×\n", plain.Table, plain.RoundSeconds/part.RoundSeconds, float64(plain.WALBytes)/float64(part.WALBytes))
+		}
 	}
 }
