@@ -107,6 +107,17 @@ type Config struct {
 	// 2*MaxBufferedBytes + Concurrency*MaxBatchBytes.
 	MaxBatchBytes int64
 
+	// Ordered processes deliveries strictly in stream order, one at a time: the
+	// durable consumer gets MaxAckPending 1, so JetStream hands out the next
+	// message only once this one is acked or, as a dead letter, terminated, and
+	// Concurrency and BatchSize are 1. A message that fails is retried (after
+	// Backoff) before anything behind it, and a poison message blocks the
+	// consumer until it is dead-lettered (MaxDeliver, or a Permanent error). Use
+	// one ordered consumer per partition subject (Partitioned); see
+	// docs/ORDERING.md. Setting BatchSize, Concurrency or MaxAckPending above 1
+	// with Ordered is an error. Off by default.
+	Ordered bool
+
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// TracerProvider makes one span per delivery ("process <subject>",
@@ -141,6 +152,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("consumer %s: sizes must not be negative", c.Name)
 	case c.AckWait < 0, c.Linger < 0, c.KeyLifetime < 0, c.LeaseFor < 0, c.CheckInterval < 0:
 		return fmt.Errorf("consumer %s: durations must not be negative", c.Name)
+	case c.Ordered && (c.BatchSize > 1 || c.Concurrency > 1 || c.MaxAckPending > 1):
+		return fmt.Errorf("consumer %s: an Ordered consumer takes one message at a time; BatchSize, Concurrency and MaxAckPending must be 0 or 1", c.Name)
 	case c.External != nil && c.BatchSize > 1:
 		return fmt.Errorf("consumer %s: an External handler performs one effect at a time; BatchSize must be 0 or 1", c.Name)
 	}
@@ -157,6 +170,10 @@ func (c Config) validate() error {
 // uses it to read the numbers the lifetime invariant compares.
 func (c Config) WithDefaults() Config {
 	external := c.External != nil
+	if c.Ordered {
+		// One message outstanding on the broker, one worker: nothing can overtake.
+		c.BatchSize, c.Concurrency, c.MaxAckPending = 1, 1, 1
+	}
 	switch {
 	case external:
 		c.BatchSize = 1

@@ -62,7 +62,8 @@ type RelayConfig struct {
 	// max_payload, headers it cannot encode) is dead-lettered at once.
 	MaxAttempts int
 	// Backoff is how long a row whose publish failed steps aside before its next
-	// attempt (default: 1s doubling to 1m). The rows behind it are not held up.
+	// attempt (default: 1s doubling to 1m). The rows behind it are not held up,
+	// except on OrderedSubjects, where its subject's later rows wait for it.
 	Backoff func(attempt int) time.Duration
 	// MaxBatchBytes bounds the payload and header bytes one batch holds in memory
 	// (default 8 MiB; a single bigger row is still taken alone).
@@ -90,6 +91,18 @@ type RelayConfig struct {
 	// Observer, when set, is told each batch's outcome (for metrics): events with
 	// Component idem.ComponentRelay and Outcome OutcomePublished or OutcomeFailed.
 	Observer idem.Observer
+	// OrderedSubjects are subject filters (e.g. "orders.events.*") whose subjects
+	// are each relayed in order (default none: every row is relayed as soon as it
+	// can be, and a failed row steps aside). A row of an ordered subject is
+	// published only after every earlier row of the same subject was published or
+	// dead-lettered, and after the previous one's PubAck; no two relays publish
+	// one subject at once. A row whose publish fails therefore blocks its subject
+	// (only its subject) through its backoff, until it is published or, after
+	// MaxAttempts, dead-lettered. Pair with Partition on the producer side and an
+	// ordered consumer per subject (consumer.Partitioned); see docs/ORDERING.md.
+	// Every relay of one outbox must be given the same OrderedSubjects: a relay
+	// without them publishes those rows out of order.
+	OrderedSubjects []string
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -132,6 +145,11 @@ func (c RelayConfig) validate() error {
 	case c.Outbox != nil && pgschema.Name(c.Outbox.cfg.Schema) != pgschema.Name(c.Schema):
 		return fmt.Errorf("outbox: relay: Outbox writes to schema %q, the relay reads %q", c.Outbox.cfg.Schema, c.Schema)
 	}
+	for _, f := range c.OrderedSubjects {
+		if err := idem.ValidateFilter(f); err != nil {
+			return fmt.Errorf("outbox: relay: OrderedSubjects: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -150,6 +168,11 @@ type Relay struct {
 	channel string
 	pubOpts []jetstream.PublishOpt
 	tracer  trace.Tracer
+	// orderedRe are OrderedSubjects as Postgres regular expressions; lockSalt
+	// prefixes a subject in its advisory lock key, so that two schemas in one
+	// database do not share locks.
+	orderedRe []string
+	lockSalt  string
 }
 
 // NewRelay returns a relay over pool's outbox publishing to js.
@@ -163,6 +186,8 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Rel
 	if cfg.Stream != "" {
 		r.pubOpts = append(r.pubOpts, jetstream.WithExpectStream(cfg.Stream))
 	}
+	r.cfg.OrderedSubjects = append([]string(nil), cfg.OrderedSubjects...)
+	r.orderedRe, r.lockSalt = filterRegexps(r.cfg.OrderedSubjects), pgschema.Name(cfg.Schema)+"."
 	return r, nil
 }
 
@@ -213,15 +238,51 @@ var ErrBrokerDown = errors.New("outbox: relay: the broker does not answer")
 // Drain relays batches until the outbox has no claimable rows left, and returns how
 // many rows it published.
 func (r *Relay) Drain(ctx context.Context) (int, error) {
+	if len(r.cfg.OrderedSubjects) > 0 {
+		return r.drainBoth(ctx)
+	}
 	total := 0
 	for {
-		n, full, err := r.relayBatch(ctx)
+		n, full, err := r.relayBatch(ctx, r.claim, r.publish, false)
 		total += n
 		if err != nil || !full {
 			return total, err
 		}
 	}
 }
+
+// drainBoth is Drain for a relay with OrderedSubjects: ordered and unordered
+// batches take turns until neither has more, so neither kind waits for the other
+// to be drained.
+func (r *Relay) drainBoth(ctx context.Context) (int, error) {
+	total := 0
+	for orderedMore, unorderedMore := true, true; orderedMore || unorderedMore; {
+		if orderedMore {
+			n, full, err := r.relayBatch(ctx, r.claimOrdered, r.publishOrdered, true)
+			total += n
+			if err != nil {
+				return total, err
+			}
+			orderedMore = full
+		}
+		if unorderedMore {
+			n, full, err := r.relayBatch(ctx, r.claimUnordered, r.publish, false)
+			total += n
+			if err != nil {
+				return total, err
+			}
+			unorderedMore = full
+		}
+	}
+	return total, nil
+}
+
+// claimFunc claims a batch in tx; publishFunc publishes one. The two kinds of
+// batch (unordered and ordered) differ only in these.
+type (
+	claimFunc   func(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error)
+	publishFunc func(ctx context.Context, batch []outboxRow) (ok acked, failed map[int64]error)
+)
 
 type outboxRow struct {
 	id       int64
@@ -237,7 +298,7 @@ type outboxRow struct {
 // relayBatch claims, publishes and settles one batch. full reports whether the claim
 // was full, so there may be more. Rows that fail step aside (next_attempt_at), so a
 // full batch of failures still lets the next batch reach the rows behind them.
-func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err error) {
+func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publishFunc, ordered bool) (published int, full bool, err error) {
 	start := time.Now()
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
@@ -245,13 +306,13 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	batch, full, err := r.claim(ctx, tx)
+	batch, full, err := claim(ctx, tx)
 	if err != nil || len(batch) == 0 {
 		return 0, false, err
 	}
 
 	epoch := r.connEpoch()
-	ok, failed := r.publish(ctx, batch)
+	ok, failed := publish(ctx, batch)
 	r.traceBatch(ctx, start, batch, failed)
 	// A connection that was down, or dropped and came back, while the batch was
 	// out explains every failure of the batch: none is charged.
@@ -288,6 +349,9 @@ func (r *Relay) relayBatch(ctx context.Context) (published int, full bool, err e
 	if err := tx.Commit(ctx); err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: commit: %w", err)
 	}
+	// An ordered subject whose row was just dead-lettered has rows behind it that
+	// this batch left alone: there may be more right away.
+	full = full || (ordered && len(dead.ids) > 0)
 	elapsed := time.Since(start)
 	for outcome, n := range map[string]int{OutcomePublished: len(ok.ids), OutcomeFailed: len(retry.ids), OutcomeDeadLettered: len(dead.ids)} {
 		if n > 0 {
@@ -344,7 +408,20 @@ type acked struct {
 // MaxBatchBytes (at least one) and loads them. The rows it locked but did not keep
 // are simply left for the next batch.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error) {
-	rows, err := tx.Query(ctx, r.q.claim, r.cfg.BatchSize)
+	return r.claimWith(ctx, tx, r.q.claim, r.cfg.BatchSize)
+}
+
+// claimUnordered is claim for a relay with OrderedSubjects: it leaves their rows
+// to claimOrdered.
+func (r *Relay) claimUnordered(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error) {
+	return r.claimWith(ctx, tx, r.q.claimUnordered, r.cfg.BatchSize, r.orderedRe)
+}
+
+// claimWith runs a claim statement that returns (id, size) rows in id order, at
+// most BatchSize, then keeps and loads those that fit in MaxBatchBytes: a prefix
+// in id order, so an ordered subject's claimed rows stay its oldest.
+func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...any) (batch []outboxRow, full bool, err error) {
+	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: relay: claim: %w", err)
 	}

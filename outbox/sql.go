@@ -79,9 +79,73 @@ INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason,
 SELECT $4, key, subject, headers, payload, 'relay: ' || last_error, attempts, sha256(payload) FROM d`
 )
 
+// Ordering by key (RelayConfig.OrderedSubjects; ordering.go, docs/ORDERING.md).
+const (
+	// The unordered claim of a relay that also relays ordered subjects: sqlClaim,
+	// leaving the ordered subjects ($2, anchored regular expressions) to
+	// sqlLockOrdered and sqlClaimOrdered.
+	sqlClaimUnordered = `
+SELECT id, octet_length(payload) + octet_length(headers::text) + octet_length(key) + octet_length(msg_id)
+FROM idem_outbox
+WHERE published_at IS NULL AND dead_lettered_at IS NULL
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now())
+  AND NOT (subject ~ ANY($2::text[]))
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`
+
+	// Lock the ordered subjects this relay may publish now: those whose oldest
+	// pending row ("head") is due, oldest head first, each under a
+	// transaction-scoped advisory lock ($3, hashtext($4 || subject)) that no
+	// other relay holds. Row locks with SKIP LOCKED cannot do this: two relays
+	// claiming the same subject's rows at once would each skip the other's and
+	// take the rows behind them. The CTEs are materialised so that a lock is
+	// tried only for the subjects returned, never for one the LIMIT drops. A
+	// subject whose head is in its backoff is not returned: it is blocked. The
+	// scan reads every pending row of the ordered subjects (idem_outbox_pending),
+	// which is the backlog, not the table.
+	sqlLockOrdered = `
+WITH heads AS MATERIALIZED (
+  SELECT DISTINCT ON (subject) subject, id, next_attempt_at
+  FROM idem_outbox
+  WHERE published_at IS NULL AND dead_lettered_at IS NULL AND subject ~ ANY($1::text[])
+  ORDER BY subject, id
+), due AS MATERIALIZED (
+  SELECT subject, id FROM heads
+  WHERE next_attempt_at IS NULL OR next_attempt_at <= now()
+  ORDER BY id
+  LIMIT $2
+)
+SELECT subject FROM due
+WHERE pg_try_advisory_xact_lock($3::int, hashtext($4::text || subject))
+ORDER BY id`
+
+	// Claim the oldest pending rows of the subjects locked above ($1), in id order,
+	// with their sizes. A subject's rows stop before its first row still in its
+	// backoff (held), so a later row never overtakes an earlier one that has
+	// neither been published nor dead-lettered. Run after the advisory locks were
+	// taken, its snapshot holds whatever the previous holder committed.
+	sqlClaimOrdered = `
+SELECT id, octet_length(payload) + octet_length(headers::text) + octet_length(key) + octet_length(msg_id)
+FROM idem_outbox
+WHERE id IN (
+  SELECT id FROM (
+    SELECT id, bool_or(next_attempt_at > now()) OVER (PARTITION BY subject ORDER BY id) AS held
+    FROM idem_outbox
+    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND subject = ANY($1::text[])
+  ) AS p
+  WHERE NOT COALESCE(held, false)
+  ORDER BY id
+  LIMIT $2
+)
+ORDER BY id
+FOR UPDATE`
+)
+
 // queries is the SQL of one schema.
 type queries struct {
 	enqueue, claim, load, markPublished, markFailed, deadLetter, backlog string
+	claimUnordered, lockOrdered, claimOrdered                            string
 }
 
 func newQueries(schema string) queries {
@@ -89,5 +153,6 @@ func newQueries(schema string) queries {
 	return queries{
 		enqueue: q(sqlEnqueue), claim: q(sqlClaim), load: q(sqlLoad), markPublished: q(sqlMarkPublished),
 		markFailed: q(sqlMarkFailed), deadLetter: q(sqlDeadLetter), backlog: q(sqlBacklog),
+		claimUnordered: q(sqlClaimUnordered), lockOrdered: q(sqlLockOrdered), claimOrdered: q(sqlClaimOrdered),
 	}
 }

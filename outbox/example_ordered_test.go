@@ -1,0 +1,74 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/outbox"
+)
+
+// Ordering by key: a producer maps each message's ordering key (an order id) to
+// one of a few partition subjects with Partition, and the relay, told those
+// subjects are ordered, publishes each partition's rows strictly in the order they
+// were enqueued. An ordered consumer per partition (consumer.Partitioned) then
+// applies them in that order.
+func ExamplePartition() {
+	ctx := context.Background()
+	env, err := idemtest.Start(ctx, idemtest.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer env.Close()
+	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+		log.Fatal(err)
+	}
+	ob, err := outbox.New(outbox.Config{Subjects: []string{"orders.>"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	const partitions = 4
+	// Three events of order 42, each in its own transaction, as a service would
+	// write them one after another.
+	for _, event := range []string{"created", "paid", "shipped"} {
+		msg := idem.Message{
+			Key:     idem.ScopedKey("", idem.Key("order-42-"+event)),
+			Subject: outbox.Partition("orders.events", "42", partitions),
+			Payload: []byte(event),
+		}
+		if err := pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msg) }); err != nil {
+			log.Fatal(err)
+		}
+	}
+	relay, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
+		Stream:          "ORDERS",
+		OrderedSubjects: []string{"orders.events.*"}, // every relay of this outbox says the same
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := relay.Drain(ctx); err != nil {
+		log.Fatal(err)
+	}
+	stream, err := env.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 3; seq++ {
+		m, err := stream.GetMsg(ctx, seq)
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(m.Subject, string(m.Data))
+	}
+	fmt.Println(outbox.PartitionSubjects("orders.events", partitions))
+	// Output:
+	// orders.events.3 created
+	// orders.events.3 paid
+	// orders.events.3 shipped
+	// [orders.events.0 orders.events.1 orders.events.2 orders.events.3]
+}
