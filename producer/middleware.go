@@ -20,6 +20,9 @@ package producer
 // concurrent duplicate needs no polling or "in progress" state either: its INSERT
 // blocks on the first arrival's uncommitted unique-index entry and wakes up when that
 // transaction ends, then replays (commit) or executes (rollback).
+//
+// With Config.GroupCommit, concurrent requests share that transaction, a savepoint
+// each, and its one COMMIT (group.go).
 
 import (
 	"bytes"
@@ -166,6 +169,11 @@ type Config struct {
 	// the Outcome constants and the request's duration. It is the hook for
 	// metrics.
 	Observer idem.Observer
+
+	// GroupCommit, when MaxRequests is set, runs concurrent requests in one
+	// shared transaction, a savepoint each, committed once for all of them: see
+	// GroupCommit for what that changes. Default: off, one transaction per request.
+	GroupCommit GroupCommit
 }
 
 // WithDefaults returns a copy of c with zero fields replaced by their defaults.
@@ -219,7 +227,7 @@ func (c Config) validate() error {
 	if c.MaxResponseBytes < 0 {
 		return fmt.Errorf("middleware: MaxResponseBytes %d is negative", c.MaxResponseBytes)
 	}
-	return nil
+	return c.GroupCommit.validate()
 }
 
 // noScope is the default scope: none. A client that sends a scope would otherwise
@@ -249,6 +257,7 @@ type Middleware struct {
 	cfg      Config
 	q        queries
 	inFlight chan struct{} // a slot per request in flight; nil when unbounded
+	groups   groups        // the transactions requests share (Config.GroupCommit)
 }
 
 // NewMiddleware returns a Middleware that keeps its records in pool's idem_requests
@@ -358,6 +367,10 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		defer func() { <-m.inFlight }()
 	}
+	if m.cfg.GroupCommit.MaxRequests > 0 && m.serveGrouped(a, r, next, scope, key, fp, body) {
+		return
+	}
+	// Alone: group commit is off, or the request was ejected from its group.
 	tx, err := m.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: m.q.begin})
 	if err != nil {
 		a.dbFailed(fmt.Errorf("middleware: begin: %w", err))
@@ -382,9 +395,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	// 4. Run the handler inside the transaction, capturing its response instead of
 	// sending it: nothing may reach the client before the record commits.
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	setBody(r, body)
 	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.cfg.Outbox, batch: &pgx.Batch{}}
 	capture := newCapture(m.cfg.MaxResponseBytes)
 	if !a.runHandler(next, capture, r.WithContext(withIntent(ctx, intent))) {
@@ -442,6 +453,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	a.log.DebugContext(ctx, "middleware: executed and stored", "status", resp.status)
 	a.respond(OutcomeNew, resp, false)
+}
+
+// setBody gives the handler the buffered body, readable again.
+func setBody(r *http.Request, body []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 }
 
 // enter takes one of the MaxInFlight slots, waiting up to MaxInFlightWait for one.

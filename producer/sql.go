@@ -10,7 +10,9 @@ import (
 // All of the middleware's SQL, in one place, so a reviewer can read the whole
 // protocol against the idem_requests table without hunting through Go code.
 //
-// Every statement runs inside the request's one transaction (see Middleware.Wrap).
+// Every statement runs inside the request's one transaction (see Middleware.Wrap),
+// or, with Config.GroupCommit, inside the request's savepoint of its group's
+// transaction (see group.go).
 const (
 	// sqlBegin opens the request's transaction and bounds how long any of its
 	// statements waits for a lock, above all the claim's wait on a concurrent
@@ -54,12 +56,52 @@ WHERE scope = $1 AND key = $2 AND expires_at <= now()`
 UPDATE idem_requests
 SET status = 'done', response_code = $3, response_headers = $4, response_body = $5
 WHERE scope = $1 AND key = $2`
+
+	// Group commit (Config.GroupCommit): each member runs under this savepoint of
+	// the group's transaction. One name serves every member, since a member's
+	// savepoint is always released (or rolled back and released) before the next
+	// member's is set.
+	sqlSavepointMember = `SAVEPOINT idem_member`
+
+	// sqlReleaseMember keeps a member's claim, effect and stored response in the
+	// group's transaction. It is sent in the batch that stores the response.
+	sqlReleaseMember = `RELEASE SAVEPOINT idem_member`
+
+	// sqlRollbackMember undoes a member that failed or was ejected, and nothing of
+	// the others: its rows, its claim, and its SET LOCAL lock_timeout. RELEASE then
+	// drops the savepoint itself, so savepoints do not nest member after member.
+	sqlRollbackMember = `ROLLBACK TO SAVEPOINT idem_member; RELEASE SAVEPOINT idem_member`
+
+	// sqlGroupClaim is sqlClaim for a member of a group, carrying its own lock
+	// timeouts so that the claim costs no statements more than alone: the FROM
+	// subquery, evaluated before the row is inserted (so before any wait on a
+	// concurrent duplicate's uncommitted row), sets lock_timeout to $7, the short
+	// bound that ejects the member instead of stalling its group; RETURNING, only
+	// evaluated for a row actually inserted, gives the handler $8, Wait, back. A
+	// conflict leaves the short bound for the rest of the claim; ROLLBACK TO the
+	// member's savepoint undoes either (set_config with is_local is SET LOCAL).
+	sqlGroupClaim = `
+INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, expires_at)
+SELECT $1, $2, $3, $4, $5, 'running', now() + make_interval(secs => $6::float8)
+FROM (SELECT set_config('lock_timeout', $7, true)) AS short_lock_timeout
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING locked_at, set_config('lock_timeout', $8, true)`
+
+	// sqlLockTimeout sets the lock wait of what follows in the transaction; inside
+	// a savepoint, ROLLBACK TO undoes it. A grouped claim that found a record and
+	// then claimed the key afresh (the record had expired) uses it to give the
+	// handler Wait back. The %d is milliseconds, from an integer.
+	sqlLockTimeout = `SET LOCAL lock_timeout = '%dms'`
 )
 
 // queries is the SQL of one schema: idem_requests qualified once, when the
 // middleware is built.
 type queries struct {
 	begin, claim, lookup, deleteExpired, complete string
+	// waitTimeout is sqlLockTimeout with Wait.
+	waitTimeout string
+	// groupClaim is sqlGroupClaim; groupClaimMs and waitMs its $7 and $8.
+	groupClaim, groupClaimMs, waitMs string
 }
 
 func newQueries(schema string, wait time.Duration) queries {
@@ -67,5 +109,9 @@ func newQueries(schema string, wait time.Duration) queries {
 	return queries{
 		begin: fmt.Sprintf(sqlBegin, max(wait.Milliseconds(), 1)),
 		claim: q(sqlClaim), lookup: q(sqlLookup), deleteExpired: q(sqlDeleteExpired), complete: q(sqlComplete),
+		waitTimeout:  fmt.Sprintf(sqlLockTimeout, max(wait.Milliseconds(), 1)),
+		groupClaim:   q(sqlGroupClaim),
+		groupClaimMs: fmt.Sprintf("%dms", max(groupClaimLockTimeout.Milliseconds(), 1)),
+		waitMs:       fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)),
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/refapp"
 )
 
@@ -36,6 +37,8 @@ type HTTPConfig struct {
 	RateN   int
 	Timeout time.Duration
 	Log     *slog.Logger
+	// GroupCommit is the ingress's group commit (e2e-http-group); zero: off.
+	GroupCommit producer.GroupCommit
 }
 
 // httpTarget is a server under test: where to send, and when request i's effect
@@ -61,8 +64,8 @@ type httpRun struct {
 	busy      int64 // 503s retried with the same key
 }
 
-// runHTTPScenario runs the max and the rate phase of scenario (e2e-http or
-// plain-http), each on a fresh environment.
+// runHTTPScenario runs the max and the rate phase of scenario (e2e-http,
+// e2e-http-group or plain-http), each on a fresh environment.
 func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cfg HTTPConfig) ([]Result, error) {
 	var results []Result
 	for _, phase := range []struct {
@@ -78,6 +81,12 @@ func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cf
 		}
 		r := Result{Scenario: scenario, Row: phase.row, N: phase.n, Messages: phase.n,
 			Config: map[string]any{"clients": cfg.Clients, "rate": phase.rate, "one_intent_per_request": true}}
+		if scenario == scE2EHTTPGroup {
+			r.Config["group_commit"] = cfg.GroupCommit.MaxRequests
+			r.Config["group_wait"] = cfg.GroupCommit.MaxWait.String()
+			r.Notes = append(r.Notes, fmt.Sprintf("extra row: e2e-http with the ingress's group commit on (producer.GroupCommit{MaxRequests: %d, MaxWait: %v})",
+				cfg.GroupCommit.MaxRequests, cfg.GroupCommit.MaxWait))
+		}
 		if scenario == scPlainHTTP {
 			r.Messages = 0
 		}
@@ -85,7 +94,7 @@ func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cf
 		r.Seconds, r.Rate = run.elapsed.Seconds(), float64(phase.n)/run.elapsed.Seconds()
 		r.P50ms, r.P99ms = ms(percentile(run.latencies, 50)), ms(percentile(run.latencies, 99))
 		r.MaxMs = ms(run.latencies[len(run.latencies)-1])
-		if scenario == scE2EHTTP {
+		if scenario == scE2EHTTP || scenario == scE2EHTTPGroup {
 			r.Notes = append(r.Notes, fmt.Sprintf("of which request sent -> response: p50 %.1f ms, p99 %.1f ms",
 				ms(percentile(run.responses, 50)), ms(percentile(run.responses, 99))))
 		}
@@ -121,8 +130,8 @@ func runHTTPPhase(ctx context.Context, env *Env, scenario, row string, n, rate i
 	var target *httpTarget
 	var err error
 	switch scenario {
-	case scE2EHTTP:
-		target, err = startRefApp(ctx, env, index, n, cfg.Log)
+	case scE2EHTTP, scE2EHTTPGroup:
+		target, err = startRefApp(ctx, env, index, n, cfg.Log, cfg.GroupCommit)
 	case scPlainHTTP:
 		target, err = startPlainHTTP(env)
 	default:
@@ -279,7 +288,7 @@ func verifyHTTP(ctx context.Context, env *Env, scenario string, n int) error {
 	if payments != n {
 		return fmt.Errorf("VERIFY FAILED: %d payments, want %d", payments, n)
 	}
-	if scenario == scE2EHTTP {
+	if scenario == scE2EHTTP || scenario == scE2EHTTPGroup {
 		if _, err := verifyExactlyOnce(ctx, env, n); err != nil {
 			return err
 		}
@@ -291,7 +300,9 @@ func verifyHTTP(ctx context.Context, env *Env, scenario string, n int) error {
 // ingress, relay, reconciler, consumers and collector — on env, and records when
 // each intent's ledger row commits (the consumer.after-commit fault point runs
 // right after the COMMIT returned).
-func startRefApp(ctx context.Context, env *Env, index map[string]int, n int, log *slog.Logger) (*httpTarget, error) {
+//
+// group is the ingress's group commit (zero: off, as the worker runs by default).
+func startRefApp(ctx context.Context, env *Env, index map[string]int, n int, log *slog.Logger, group producer.GroupCommit) (*httpTarget, error) {
 	committed := make([]atomic.Int64, n)
 	var effects atomic.Int64
 	base := time.Now()
@@ -305,7 +316,8 @@ func startRefApp(ctx context.Context, env *Env, index map[string]int, n int, log
 		return nil
 	}
 	svcCtx := faults.With(context.WithoutCancel(ctx), faults.New().Func(faults.ConsumerAfterCommit, record))
-	svc, err := refapp.Start(svcCtx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log})
+	svc, err := refapp.Start(svcCtx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log,
+		Ingress: producer.Config{GroupCommit: group}})
 	if err != nil {
 		return nil, fmt.Errorf("start the reference application: %w", err)
 	}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/idemkit/idem/producer"
 )
 
 // envFactory makes a fresh environment; label names it in messages and profiles.
@@ -180,13 +182,18 @@ func runScenario(ctx context.Context, opts Options, name string, log *slog.Logge
 		// The product runs a reconciler beside its relay: so does the bench.
 		e2e.Pipeline.Reconcile = true
 		return runE2E(ctx, newEnv, e2e)
-	case scE2EHTTP, scPlainHTTP:
+	case scE2EHTTP, scPlainHTTP, scE2EHTTPGroup:
 		hc := HTTPConfig{N: opts.N, Clients: opts.HTTPClients, Rate: opts.HTTPRate, RateN: opts.HTTPRateN, Timeout: opts.Timeout, Log: log}
+		if name == scE2EHTTPGroup {
+			hc.GroupCommit = producer.GroupCommit{MaxRequests: opts.GroupCommit, MaxWait: opts.GroupWait}
+		}
 		return runHTTPScenario(ctx, newEnv, name, hc)
 	case scWatermillHTTP:
 		return runWatermillHTTP(ctx, opts)
 	case scE2EDurability:
 		return runE2EDurability(ctx, envWith, e2e)
+	case scE2EOrdered:
+		return runE2EOrdered(ctx, newEnv, opts, log)
 	case scE2EDup:
 		e2e.Pipeline.DropFraction, e2e.Pipeline.AckWait = opts.DupDrop, opts.DupAckWait
 		return runE2EDup(ctx, newEnv, e2e)
@@ -250,5 +257,6 @@ func optionsMap(o Options) map[string]any {
 		"dup_ack_wait": o.DupAckWait.String(), "sync_always": o.SyncAlways, "inprocess": o.InProcess,
 		"pg_plan_cache_mode": o.PlanCache, "durability_batch": o.DurabilityBatch,
 		"http_clients": o.HTTPClients, "http_rate": o.HTTPRate, "http_rate_n": o.HTTPRateN,
+		"group_commit": o.GroupCommit, "group_wait": o.GroupWait.String(),
 	}
 }

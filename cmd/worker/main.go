@@ -42,6 +42,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/tracelog"
+	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/refapp"
 )
 
@@ -69,6 +70,7 @@ type options struct {
 	trace           string
 	ackWait         time.Duration
 	reconcileAfter  string
+	groupCommit     string
 	noMigrate       bool
 	metricsAddr     string
 	console         bool
@@ -137,6 +139,8 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 		o.ackWait, err = parseAckWait(v)
 		return err
 	})
+	fs.StringVar(&o.groupCommit, "group-commit", env("IDEM_GROUP_COMMIT", ""), fmt.Sprintf("group commit in the ingress: up to `N` (1..%d) concurrent requests share one transaction, a savepoint each, and one COMMIT; "+
+		"empty or 0 is off, one transaction per request (env IDEM_GROUP_COMMIT)", producer.MaxGroupRequests))
 	fs.StringVar(&o.reconcileAfter, "reconcile-after", env("IDEM_RECONCILE_AFTER", ""), "how long a published intent may stay unsettled by a consumer before the reconciler looks for it in the stream and re-drives it if lost; "+
 		"off runs the relay without a reconciler (env IDEM_RECONCILE_AFTER; default 5m)")
 	return fs, o
@@ -166,6 +170,19 @@ func defaultDataDir() string {
 		return ""
 	}
 	return d
+}
+
+// parseGroupCommit reads --group-commit (IDEM_GROUP_COMMIT): requests per group
+// transaction, 0 (or empty) for off.
+func parseGroupCommit(v string) (int, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > producer.MaxGroupRequests {
+		return 0, fmt.Errorf("--group-commit (IDEM_GROUP_COMMIT) must be a whole number from 0 (off) to %d, not %q", producer.MaxGroupRequests, v)
+	}
+	return n, nil
 }
 
 // parseAckWait reads --ack-wait or IDEM_ACK_WAIT.
@@ -324,6 +341,9 @@ func runService(args []string, stderr io.Writer) error {
 	// each consumer's redelivery horizon.
 	cfg.Charges.AckWait, cfg.Emails.AckWait = ackWait, ackWait
 	if cfg.Reconcile.After, cfg.DisableReconciler, err = parseReconcileAfter(o.reconcileAfter); err != nil {
+		return usageError{err}
+	}
+	if cfg.Ingress.GroupCommit.MaxRequests, err = parseGroupCommit(o.groupCommit); err != nil {
 		return usageError{err}
 	}
 	exporter, err := traceExporter(o.trace, os.Getenv)
