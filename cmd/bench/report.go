@@ -99,6 +99,9 @@ func ratiosAndTargets(rs []Result) (map[string]float64, []Target) {
 	if rec, fsync := findFunc(rs, rowIs(rowReconciled)), findFunc(rs, rowIs(rowFsyncReconciled)); rec != nil && fsync != nil {
 		ratios["e2e default fsync + reconciler/fsync always + reconciler"] = rec.Rate / fsync.Rate
 	}
+	if rec, unproven := findFunc(rs, rowIs(rowReconciled)), findFunc(rs, rowIs(rowUnproven)); rec != nil && unproven != nil {
+		ratios["e2e default fsync + reconciler/no reconciler"] = rec.Rate / unproven.Rate
+	}
 	if e, p := find(rs, scE2EHTTP+" (max)"), find(rs, scPlainHTTP+" (max)"); e != nil && p != nil {
 		ratios["e2e-http/plain-http"] = e.Rate / p.Rate
 	}
@@ -164,7 +167,7 @@ func printTable(w io.Writer, rep Report) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, name := range []string{"e2e-http/plain-http", "e2e-http-group/plain-http", "e2e-http-group/e2e-http", "idem-consumer/naive", "idem-consumer/handwritten-inbox", "e2e default fsync + reconciler/fsync always",
-		"e2e default fsync + reconciler/fsync always + reconciler"} {
+		"e2e default fsync + reconciler/fsync always + reconciler", "e2e default fsync + reconciler/no reconciler"} {
 		if v, ok := rep.Ratios[name]; ok {
 			fmt.Fprintf(w, "ratio %-46s %.2fx\n", name, v)
 		}
