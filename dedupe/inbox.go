@@ -208,13 +208,8 @@ func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer strin
 	b.Queue(in.q.claimPartitioned, consumer, keys, fps, lifetime)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
-	var isolation string
-	var locked int64
-	if err := br.QueryRow().Scan(&isolation, &locked); err != nil {
-		return nil, fmt.Errorf("key locks: %w", err)
-	}
-	if isolation != "read committed" {
-		return nil, fmt.Errorf("a partitioned inbox claims only under READ COMMITTED (the transaction is %s): the claim must see a key committed while it waited for the key's lock", strings.ToUpper(isolation))
+	if err := keysLocked(br); err != nil {
+		return nil, err
 	}
 	rows, err := br.Query()
 	if err != nil {
@@ -225,6 +220,22 @@ func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer strin
 		return nil, err
 	}
 	return claimed, br.Close()
+}
+
+// keysLocked reads the result of sqlClaimLock, the first statement of a
+// partitioned claim's or lease's pipeline, and refuses any isolation level but
+// READ COMMITTED: only there does the next statement see a key committed while
+// this one waited for the key's lock.
+func keysLocked(br pgx.BatchResults) error {
+	var isolation string
+	var locked int64
+	if err := br.QueryRow().Scan(&isolation, &locked); err != nil {
+		return fmt.Errorf("key locks: %w", err)
+	}
+	if isolation != "read committed" {
+		return fmt.Errorf("a partitioned inbox claims only under READ COMMITTED (the transaction is %s): the claim must see a key committed while it waited for the key's lock", strings.ToUpper(isolation))
+	}
+	return nil
 }
 
 // Check judges keys without claiming them: Duplicate, Mismatch or Absent.

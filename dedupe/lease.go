@@ -34,7 +34,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -219,13 +218,8 @@ func (in *Inbox) acquire(ctx context.Context, db Querier, consumer, key string, 
 	b.Queue(in.q.leaseTakeOver, consumer, key, fp, leaseFor, token)
 	br := bdb.SendBatch(ctx, b)
 	defer br.Close()
-	var isolation string
-	var locked int64
-	if err := br.QueryRow().Scan(&isolation, &locked); err != nil {
-		return fmt.Errorf("key lock: %w", err)
-	}
-	if isolation != "read committed" {
-		return fmt.Errorf("a partitioned inbox leases only under READ COMMITTED (the transaction is %s)", strings.ToUpper(isolation))
+	if err := keysLocked(br); err != nil {
+		return err
 	}
 	inserted := br.QueryRow().Scan(dest...)
 	if inserted != nil && !errors.Is(inserted, pgx.ErrNoRows) {

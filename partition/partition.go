@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -248,13 +247,4 @@ func covered(parts []Partition, at time.Time) bool {
 		}
 	}
 	return false
-}
-
-// names lists partitions' names, for errors and logs.
-func names(parts []Partition) string {
-	s := make([]string, len(parts))
-	for i, p := range parts {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ", ")
 }
