@@ -35,7 +35,7 @@ type ConvertReport struct {
 //
 // The tables must exist: run the migrations first.
 func Convert(ctx context.Context, pool *pgxpool.Pool, cfg Config) (ConvertReport, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return ConvertReport{}, err
 	}
 	cfg = cfg.withDefaults()

@@ -44,7 +44,7 @@ type Report struct {
 // Both checks are repeated under the drop's lock, so a row written into the
 // partition by a transaction still running when the round began is seen.
 func Maintain(ctx context.Context, pool *pgxpool.Pool, cfg Config) (Report, error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return Report{}, err
 	}
 	cfg = cfg.withDefaults()

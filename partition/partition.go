@@ -65,7 +65,9 @@ type Config struct {
 	LockTimeout time.Duration
 }
 
-func (c Config) validate() error {
+// Validate reports a configuration Convert and Maintain would refuse, so that a
+// component that runs Maintain later (the worker's collector) can refuse it at once.
+func (c Config) Validate() error {
 	if err := pgschema.Validate(c.Schema); err != nil {
 		return fmt.Errorf("partition: %w", err)
 	}

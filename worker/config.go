@@ -131,6 +131,9 @@ func (c Config) validate() error {
 	if c.Retention.BatchSize < 0 || c.Retention.Interval < 0 || c.Retention.Pause < 0 || c.Retention.DeadLetters < 0 {
 		return errors.New("worker: Retention values must not be negative")
 	}
+	if err := c.Retention.Partitions.Validate(); err != nil {
+		return fmt.Errorf("worker: Retention.Partitions: %w", err)
+	}
 	names := map[string]bool{}
 	for _, cc := range c.Consumers {
 		if names[cc.Name] {

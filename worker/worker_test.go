@@ -267,6 +267,7 @@ func TestNewValidates(t *testing.T) {
 		{"two consumers, one name", func(c *worker.Config) { c.Consumers = append(c.Consumers, c.Consumers[0]) }, `two consumers are named "shipping"`},
 		{"consumer of another stream", func(c *worker.Config) { c.Consumers[0].Stream = "OTHER" }, "not the worker's stream ORDERS"},
 		{"consumer without a handler", func(c *worker.Config) { c.Consumers[0].Handler = nil }, "exactly one of Handler"},
+		{"negative partition slack", func(c *worker.Config) { c.Retention.Partitions.Ahead = -time.Hour }, "Retention.Partitions"},
 	} {
 		cfg := good
 		cfg.Consumers = append([]consumer.Config(nil), good.Consumers...)
