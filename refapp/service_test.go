@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/natstest"
+	"github.com/idemkit/idem/internal/refapptest"
 	"github.com/idemkit/idem/internal/smtptest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -47,15 +48,7 @@ func (s *service) config() refapp.Config {
 
 func (s *service) start(t *testing.T, cfg refapp.Config) *refapp.Service {
 	t.Helper()
-	svc, err := refapp.Start(context.Background(), s.env.DB.Pool, s.env.NC, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = svc.Shutdown(ctx)
-	})
+	svc := refapptest.Start(t, s.env.DB.Pool, s.env.NC, cfg)
 	s.svc = svc
 	return svc
 }
@@ -411,15 +404,7 @@ func TestReadyz(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	svc, err := refapp.Start(context.Background(), s.env.DB.Pool, nc, s.config())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = svc.Shutdown(ctx)
-	})
+	svc := refapptest.Start(t, s.env.DB.Pool, nc, s.config())
 	readyz := func() (int, string) {
 		resp, err := http.Get("http://" + svc.Addr() + "/readyz")
 		if err != nil {

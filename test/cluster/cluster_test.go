@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/refapptest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/refapp"
 )
@@ -190,16 +191,7 @@ func startWorker(t *testing.T, db *pgtest.DB, c *cluster, cfg refapp.Config) *re
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.Stream.Replicas = 3
 	cfg.Charges.AckWait = 2 * time.Second // a worker's unacked batch comes back soon
-	svc, err := refapp.Start(context.Background(), db.Pool, nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = svc.Shutdown(ctx)
-	})
-	return svc
+	return refapptest.Start(t, db.Pool, nc, cfg)
 }
 
 func TestStreamLeaderLossOnAThreeNodeCluster(t *testing.T) {
@@ -217,15 +209,7 @@ func TestStreamLeaderLossOnAThreeNodeCluster(t *testing.T) {
 	db := pgtest.New(t)
 	cfg := refapp.Config{HTTPAddr: "127.0.0.1:0"}
 	cfg.Stream.Replicas = 3
-	svc, err := refapp.Start(context.Background(), db.Pool, nc, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = svc.Shutdown(ctx)
-	})
+	svc := refapptest.Start(t, db.Pool, nc, cfg)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

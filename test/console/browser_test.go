@@ -25,6 +25,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/refapptest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/refapp"
@@ -95,18 +96,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	bctx := newBrowser(t) // first: skip before starting anything
 	env := testenv.New(t)
 	ctx := context.Background()
-	svc, err := refapp.Start(ctx, env.DB.Pool, env.NC, refapp.Config{
+	svc := refapptest.Start(t, env.DB.Pool, env.NC, refapp.Config{
 		HTTPAddr: "127.0.0.1:0",
 		Charges:  consumer.Config{AckWait: 2 * time.Second},
 		Console:  refapp.ConsoleConfig{Enabled: true},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = svc.Shutdown(sctx)
 	})
 	base := "http://" + svc.Addr()
 

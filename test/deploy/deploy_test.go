@@ -10,7 +10,6 @@ package deploy_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -25,6 +24,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/refapptest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/refapp"
 )
@@ -259,15 +259,7 @@ func TestMetricNames(t *testing.T) {
 func workerMetrics(t *testing.T) string {
 	t.Helper()
 	env := testenv.New(t)
-	svc, err := refapp.Start(context.Background(), env.DB.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = svc.Shutdown(ctx)
-	})
+	svc := refapptest.Start(t, env.DB.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0"})
 
 	req, _ := http.NewRequest(http.MethodPost, "http://"+svc.Addr()+"/v1/payments", strings.NewReader(`{"account":"acct_deploy","amount_cents":100}`))
 	req.Header.Set(idem.HeaderKey, "deploy-test-1")
