@@ -84,18 +84,24 @@ func (n *natsServer) start() error {
 
 // waitReady polls until JetStream answers on the port (its store recovered).
 func (n *natsServer) waitReady(p *proc, timeout time.Duration) error {
+	return waitStarted(p, timeout, "nats-server", func() error { return jetStreamAnswers(n.URL()) })
+}
+
+// waitStarted polls up until it returns nil, failing at once if the process p
+// exits and after timeout otherwise; what names the process in the errors.
+func waitStarted(p *proc, timeout time.Duration, what string, up func() error) error {
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
 		if p.exited() {
-			return fmt.Errorf("chaos: nats-server exited while starting (%s); see its log", p.outcome())
+			return fmt.Errorf("chaos: %s exited while starting (%s); see its log", what, p.outcome())
 		}
-		if last = jetStreamAnswers(n.URL()); last == nil {
+		if last = up(); last == nil {
 			return nil
 		}
 		time.Sleep(50 * time.Millisecond) // poll interval
 	}
-	return fmt.Errorf("chaos: nats-server not ready after %s: %w", timeout, last)
+	return fmt.Errorf("chaos: %s not ready after %s: %w", what, timeout, last)
 }
 
 func jetStreamAnswers(url string) error {

@@ -174,21 +174,13 @@ func (n *natsNode) start() error {
 
 // waitListening polls until the node accepts a client connection.
 func (n *natsNode) waitListening(p *proc, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			return fmt.Errorf("chaos: cluster: %s exited while starting (%s); see its log", n.name, p.outcome())
-		}
+	return waitStarted(p, timeout, "cluster node "+n.name, func() error {
 		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second), nats.NoReconnect())
 		if err == nil {
 			nc.Close()
-			return nil
 		}
-		last = err
-		time.Sleep(50 * time.Millisecond) // poll interval
-	}
-	return fmt.Errorf("chaos: cluster: %s not listening after %s: %w", n.name, timeout, last)
+		return err
+	})
 }
 
 // proc is the running process.
