@@ -300,7 +300,7 @@ type outboxRow struct {
 // full batch of failures still lets the next batch reach the rows behind them.
 func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publishFunc, ordered bool) (published int, full bool, err error) {
 	start := time.Now()
-	tx, err := r.pool.Begin(ctx)
+	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginRelay})
 	if err != nil {
 		return 0, false, fmt.Errorf("outbox: relay: begin: %w", err)
 	}
