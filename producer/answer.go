@@ -151,6 +151,14 @@ func (a *answer) runHandler(next http.Handler, w http.ResponseWriter, r *http.Re
 	return true
 }
 
+// end rolls back the request's transaction unless it has ended, and gives its
+// connection back to the pool.
+func (a *answer) end(tx *requestTx) {
+	if err := tx.rollback(a.ctx); err != nil {
+		a.log.WarnContext(a.ctx, "middleware: rollback", "err", err)
+	}
+}
+
 func (a *answer) rollback(tx pgx.Tx) {
 	// The request's context may be cancelled (client gone); the rollback must still
 	// reach the server so the connection returns clean to the pool.

@@ -370,14 +370,21 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if m.cfg.GroupCommit.MaxRequests > 0 && m.serveGrouped(a, r, next, scope, key, fp, body) {
 		return
 	}
-	// Alone: group commit is off, or the request was ejected from its group.
-	tx, err := m.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: m.q.begin})
-	if err != nil {
-		a.dbFailed(fmt.Errorf("middleware: begin: %w", err))
-		return
+	// Alone: group commit is off, or the request was ejected from its group. BEGIN
+	// rides with the claim, and COMMIT with the stored response (requestTx).
+	var lockedAt time.Time
+	tx, err := begin(ctx, m.pool, m.q.claimFirst,
+		[]any{scope, string(key), fp, r.Method, r.URL.Path, m.cfg.KeyLifetime.Seconds(), m.q.waitMs},
+		func(row pgx.Row) error { return row.Scan(&lockedAt) })
+	if tx != nil {
+		defer a.end(tx) // a no-op once committed
 	}
-	defer a.rollback(tx) // a no-op once committed
-	claimed, err := m.claim(ctx, tx, scope, key, fp, r)
+	claimed := claimResult{ok: err == nil}
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The key has a record (or had: it may be expired or deleted meanwhile):
+		// the ordinary claim sorts that out.
+		claimed, err = m.claim(ctx, tx, scope, key, fp, r)
+	}
 	if err != nil {
 		if isLockTimeout(err) {
 			a.conflict()
@@ -399,13 +406,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.cfg.Outbox, batch: &pgx.Batch{}}
 	capture := newCapture(m.cfg.MaxResponseBytes)
 	if !a.runHandler(next, capture, r.WithContext(withIntent(ctx, intent))) {
-		a.rollback(tx)
+		a.end(tx)
 		a.fail(http.StatusInternalServerError, "internal_error",
 			"the request failed and was rolled back; retry with the same Idempotency-Key")
 		return
 	}
 	if capture.overflow {
-		a.rollback(tx)
+		a.end(tx)
 		a.log.ErrorContext(ctx, "middleware: handler response exceeds MaxResponseBytes; rolled back", "limit", m.cfg.MaxResponseBytes)
 		a.fail(http.StatusInternalServerError, "response_too_large",
 			fmt.Sprintf("the handler's response is larger than the %d bytes that can be stored for replay; the request was rolled back", m.cfg.MaxResponseBytes))
@@ -415,26 +422,22 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	if !storesResponse(resp.status) {
 		// Not a final answer: forget everything, so the retry executes again.
-		a.rollback(tx)
+		a.end(tx)
 		a.log.WarnContext(ctx, "middleware: handler answered with a retryable status; rolled back", "status", resp.status)
 		a.respond(OutcomeFailed, resp, false)
 		return
 	}
 
-	// 5. Write the handler's outbox messages and remember the response, in one
-	// round trip, then commit.
+	// 5. Write the handler's outbox messages, remember the response and commit, in
+	// one round trip.
 	messages := intent.batch.Len()
 	intent.batch.Queue(m.q.complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body)
-	if err := tx.SendBatch(ctx, intent.batch).Close(); err != nil {
+	if err := tx.commit(ctx, intent.batch); err != nil {
 		// Most likely the handler ignored a failed statement and the transaction
-		// is aborted; either way nothing of this request survives.
-		a.dbFailed(fmt.Errorf("middleware: enqueue and store response: %w", err))
-		return
-	}
-	if err := tx.Commit(ctx); err != nil {
-		// If the connection broke during COMMIT, the outcome is unknown. That is
-		// exactly what the key is for: the retry replays or executes, never both.
-		a.dbFailed(fmt.Errorf("middleware: commit: %w", err))
+		// is aborted; either way nothing of this request survives. If instead the
+		// connection broke during COMMIT, the outcome is unknown. That is exactly
+		// what the key is for: the retry replays or executes, never both.
+		a.dbFailed(fmt.Errorf("middleware: enqueue, store response and commit: %w", err))
 		return
 	}
 	// The window in which a crash leaves the client without an answer to an effect

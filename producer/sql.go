@@ -21,6 +21,28 @@ const (
 	// integer: SET cannot take a bind parameter.
 	sqlBegin = `BEGIN; SET LOCAL lock_timeout = '%dms'`
 
+	// A request alone (group commit off) runs in a requestTx: BEGIN goes in one
+	// batch with sqlClaimFirst, COMMIT in one with the outbox INSERTs and
+	// sqlComplete. Extended-protocol statements, one per message, so no SET LOCAL
+	// can ride along: sqlClaimFirst sets the lock timeout itself.
+	sqlBeginRequest    = `BEGIN`
+	sqlCommitRequest   = `COMMIT`
+	sqlRollbackRequest = `ROLLBACK`
+	// sqlNoop changes nothing; requestTx.LargeObjects sends it where pgx sends BEGIN.
+	sqlNoop = `SELECT 1`
+
+	// sqlClaimFirst is sqlClaim as the transaction's first statement: its FROM
+	// subquery, evaluated before the row is inserted (so before any wait on a
+	// concurrent duplicate's uncommitted row), sets lock_timeout to $7, Wait, for
+	// the rest of the transaction, as sqlBegin's SET LOCAL does (set_config with
+	// is_local true is SET LOCAL). The handler's statements inherit it.
+	sqlClaimFirst = `
+INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, expires_at)
+SELECT $1, $2, $3, $4, $5, 'running', now() + make_interval(secs => $6::float8)
+FROM (SELECT set_config('lock_timeout', $7, true)) AS wait_lock_timeout
+ON CONFLICT (scope, key) DO NOTHING
+RETURNING locked_at`
+
 	// sqlClaim claims (scope, key). It returns a row when this transaction now
 	// owns the key, and nothing when the key already has a committed record.
 	//
@@ -97,7 +119,7 @@ RETURNING locked_at, set_config('lock_timeout', $8, true)`
 // queries is the SQL of one schema: idem_requests qualified once, when the
 // middleware is built.
 type queries struct {
-	begin, claim, lookup, deleteExpired, complete string
+	begin, claim, claimFirst, lookup, deleteExpired, complete string
 	// waitTimeout is sqlLockTimeout with Wait.
 	waitTimeout string
 	// groupClaim is sqlGroupClaim; groupClaimMs and waitMs its $7 and $8.
@@ -108,7 +130,7 @@ func newQueries(schema string, wait time.Duration) queries {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return queries{
 		begin: fmt.Sprintf(sqlBegin, max(wait.Milliseconds(), 1)),
-		claim: q(sqlClaim), lookup: q(sqlLookup), deleteExpired: q(sqlDeleteExpired), complete: q(sqlComplete),
+		claim: q(sqlClaim), claimFirst: q(sqlClaimFirst), lookup: q(sqlLookup), deleteExpired: q(sqlDeleteExpired), complete: q(sqlComplete),
 		waitTimeout:  fmt.Sprintf(sqlLockTimeout, max(wait.Milliseconds(), 1)),
 		groupClaim:   q(sqlGroupClaim),
 		groupClaimMs: fmt.Sprintf("%dms", max(groupClaimLockTimeout.Milliseconds(), 1)),

@@ -1,0 +1,218 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// requestTx is a request's own transaction (group commit off), on a connection the
+// middleware holds for the request. The middleware begins it in the round trip
+// that claims the key, and commits it in the round trip that writes the outbox
+// rows and the stored response: a request costs the middleware two round trips
+// of its own, where pgx's Tx, which sends BEGIN and COMMIT by themselves, costs
+// four. The handler's statements come in between.
+//
+// The handler sees it as Intent.Tx, a pgx.Tx it may query, batch and copy
+// through, and nest savepoints in (Begin), but not end: its Commit and Rollback
+// return an error, since ending the request's transaction belongs to the
+// middleware.
+type requestTx struct {
+	conn       *pgxpool.Conn
+	savepoints int  // savepoints made so far, which names the next one
+	ended      bool // committed, rolled back, or its connection lost
+}
+
+var errRequestTx = errors.New("middleware: the middleware commits or rolls back the request's transaction, not the handler")
+
+// errCommitRolledBack is the answer of a COMMIT that found the transaction
+// already failed: Postgres then rolls back and says so in the command tag.
+var errCommitRolledBack = errors.New("middleware: commit: the transaction had failed and was rolled back")
+
+// begin acquires a connection and sends BEGIN with first, the key's claim, in one
+// round trip. scan reads the claim's row; its error (pgx.ErrNoRows: the key is
+// taken) is returned. The transaction is open, possibly failed, after any error
+// but an acquire's: the caller ends it with rollback.
+func begin(ctx context.Context, pool *pgxpool.Pool, first string, args []any, scan func(pgx.Row) error) (*requestTx, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("middleware: begin: %w", err)
+	}
+	t := &requestTx{conn: conn}
+	b := &pgx.Batch{}
+	b.Queue(sqlBeginRequest)
+	b.Queue(first, args...).QueryRow(scan)
+	return t, conn.SendBatch(ctx, b).Close()
+}
+
+// commit sends b, then COMMIT, in one round trip. Postgres skips what follows a
+// failed statement up to the batch's end, so the COMMIT runs only if every
+// statement before it succeeded; after a failure the transaction is left open
+// (failed) for rollback.
+func (t *requestTx) commit(ctx context.Context, b *pgx.Batch) error {
+	var tag pgconn.CommandTag
+	b.Queue(sqlCommitRequest).Exec(func(ct pgconn.CommandTag) error {
+		tag = ct
+		return nil
+	})
+	if err := t.conn.SendBatch(ctx, b).Close(); err != nil {
+		if t.conn.Conn().PgConn().TxStatus() == 'I' {
+			t.ended = true // the COMMIT itself failed: Postgres has rolled back
+		}
+		return err
+	}
+	// Ended: the connection goes back now, not after the response is written.
+	t.ended = true
+	t.conn.Release()
+	t.conn = nil
+	if tag.String() != "COMMIT" {
+		return errCommitRolledBack
+	}
+	return nil
+}
+
+// rollback ends the transaction if it is still open and returns the connection to
+// the pool; a no-op for what has ended. It uses its own deadline: the request's
+// context may be cancelled (the client left), and the ROLLBACK must still reach
+// the server so that the connection goes back clean. A connection released inside
+// a transaction is closed by the pool rather than reused.
+func (t *requestTx) rollback(ctx context.Context) error {
+	if t.conn == nil {
+		return nil
+	}
+	defer func() {
+		t.conn.Release()
+		t.conn = nil
+	}()
+	if t.ended || t.conn.Conn().PgConn().TxStatus() == 'I' || t.conn.Conn().IsClosed() {
+		return nil
+	}
+	t.ended = true
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := t.conn.Exec(rctx, sqlRollbackRequest); err != nil {
+		return fmt.Errorf("middleware: rollback: %w", err)
+	}
+	return nil
+}
+
+// pgx.Tx, for the handler.
+
+func (t *requestTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	t.savepoints++
+	sp := &savepointTx{t: t, name: fmt.Sprintf("idem_sp_%d", t.savepoints)}
+	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name); err != nil {
+		return nil, err
+	}
+	return sp, nil
+}
+
+func (t *requestTx) Commit(context.Context) error   { return errRequestTx }
+func (t *requestTx) Rollback(context.Context) error { return errRequestTx }
+
+func (t *requestTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return t.conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *requestTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.conn.SendBatch(ctx, b)
+}
+
+// LargeObjects needs a pgx transaction of pgx's own making: one is made over the
+// request's, with a query that changes nothing, in its own round trip. It is never
+// ended; the request's transaction is.
+func (t *requestTx) LargeObjects() pgx.LargeObjects {
+	tx, err := t.conn.Conn().BeginTx(context.Background(), pgx.TxOptions{BeginQuery: sqlNoop})
+	if err != nil {
+		// The connection is broken, and LargeObjects cannot say so: the empty
+		// value's methods panic, which the middleware answers as a handler panic,
+		// rolled back. Every other statement would fail on this connection anyway.
+		return pgx.LargeObjects{}
+	}
+	return tx.LargeObjects()
+}
+
+func (t *requestTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.conn.Conn().Prepare(ctx, name, sql)
+}
+
+func (t *requestTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+func (t *requestTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.conn.Query(ctx, sql, args...)
+}
+
+func (t *requestTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+func (t *requestTx) Conn() *pgx.Conn { return t.conn.Conn() }
+
+// savepointTx is a transaction the handler nested in the request's (Tx.Begin): a
+// savepoint, which the handler commits (RELEASE) or rolls back (ROLLBACK TO), as
+// with pgx's own nested transactions.
+type savepointTx struct {
+	t      *requestTx
+	name   string
+	closed bool
+}
+
+func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.t.Begin(ctx)
+}
+
+func (s *savepointTx) Commit(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	_, err := s.t.conn.Exec(ctx, "RELEASE SAVEPOINT "+s.name)
+	return err
+}
+
+func (s *savepointTx) Rollback(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	_, err := s.t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+s.name)
+	return err
+}
+
+func (s *savepointTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	return s.t.CopyFrom(ctx, table, columns, src)
+}
+
+func (s *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return s.t.SendBatch(ctx, b)
+}
+
+func (s *savepointTx) LargeObjects() pgx.LargeObjects { return s.t.LargeObjects() }
+
+func (s *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return s.t.Prepare(ctx, name, sql)
+}
+
+func (s *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return s.t.Exec(ctx, sql, args...)
+}
+
+func (s *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return s.t.Query(ctx, sql, args...)
+}
+
+func (s *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return s.t.QueryRow(ctx, sql, args...)
+}
+
+func (s *savepointTx) Conn() *pgx.Conn { return s.t.Conn() }
