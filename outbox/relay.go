@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -103,6 +104,14 @@ type RelayConfig struct {
 	// Every relay of one outbox must be given the same OrderedSubjects: a relay
 	// without them publishes those rows out of order.
 	OrderedSubjects []string
+	// AtomicPublish publishes each batch as one JetStream atomic batch: one PubAck,
+	// and with fsync on every write one fsync, per batch instead of per message.
+	// It needs nats-server 2.12 or later and a stream that allows atomic publish
+	// (StreamConfig.AllowAtomicPublish). A batch the broker refuses whole (one
+	// re-published after a crash holds Msg-Ids the stream already has) is
+	// published message by message; a stream that does not allow it turns it off,
+	// with a warning. BatchSize may not exceed MaxAtomicBatch. Default: off.
+	AtomicPublish bool
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {
@@ -142,6 +151,8 @@ func (c RelayConfig) validate() error {
 		return errors.New("outbox: relay: BatchSize, MaxAttempts and MaxBatchBytes must not be negative")
 	case c.PollInterval < 0, c.PublishTimeout < 0, c.Retention < 0:
 		return errors.New("outbox: relay: durations must not be negative")
+	case c.AtomicPublish && c.BatchSize > MaxAtomicBatch:
+		return fmt.Errorf("outbox: relay: BatchSize %d is more than an atomic batch takes (MaxAtomicBatch, %d)", c.BatchSize, MaxAtomicBatch)
 	case c.Outbox != nil && pgschema.Name(c.Outbox.cfg.Schema) != pgschema.Name(c.Schema):
 		return fmt.Errorf("outbox: relay: Outbox writes to schema %q, the relay reads %q", c.Outbox.cfg.Schema, c.Schema)
 	}
@@ -173,6 +184,8 @@ type Relay struct {
 	// database do not share locks.
 	orderedRe []string
 	lockSalt  string
+	// atomicOff is set once the stream refused atomic batches as disabled.
+	atomicOff atomic.Bool
 }
 
 // NewRelay returns a relay over pool's outbox publishing to js.
@@ -554,34 +567,77 @@ func firstErr(failed map[int64]error) error {
 	return nil
 }
 
-// publish sends every row asynchronously and waits for their PubAcks, each until
-// PublishTimeout after the batch's first publish. It returns the ids acknowledged by
-// the stream (including those the broker reported as duplicates: they are in the
-// stream already) and the failures.
+// publish publishes a batch and waits for its PubAcks, up to PublishTimeout after
+// the batch's first publish: as one atomic batch with AtomicPublish (atomic.go),
+// else every message async. It returns the ids acknowledged by the stream
+// (including those the broker reported as duplicates: they are in the stream
+// already) and the failures.
 func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, failed map[int64]error) {
+	failed = map[int64]error{}
+	rows := make([]outboxRow, 0, len(batch))
+	msgs := make([]*nats.Msg, 0, len(batch))
+	for _, o := range batch {
+		msg, err := r.message(o)
+		if err != nil {
+			failed[o.id] = err
+			continue
+		}
+		rows, msgs = append(rows, o), append(msgs, msg)
+	}
+	if r.cfg.AtomicPublish && !r.atomicOff.Load() && len(msgs) > 1 {
+		aok, afailed, refused := r.publishAtomic(ctx, rows, msgs)
+		if refused == nil {
+			for id, err := range afailed {
+				failed[id] = err
+			}
+			return aok, failed
+		}
+		var br errBatchRefused
+		if errors.As(refused, &br) && br.code == errCodeAtomicDisabled && !r.atomicOff.Swap(true) {
+			r.log.WarnContext(ctx, "relay: the stream refuses atomic batches; publishing message by message from now on (allow atomic publish on the stream, nats-server 2.12 or later)", "err", refused)
+		} else {
+			r.log.InfoContext(ctx, "relay: atomic batch refused, publishing it message by message", "rows", len(rows), "err", refused)
+		}
+		withoutBatchHeaders(msgs)
+	}
+	aok, afailed := r.publishAsync(ctx, rows, msgs)
+	for id, err := range afailed {
+		failed[id] = err
+	}
+	return aok, failed
+}
+
+// message is row o as the stream gets it: its stored headers, then the key, the
+// Msg-Id and the enqueue time, which no stored header may override.
+func (r *Relay) message(o outboxRow) (*nats.Msg, error) {
+	msg := nats.NewMsg(o.subject)
+	var extra map[string]string
+	if len(o.headers) > 0 {
+		if err := json.Unmarshal(o.headers, &extra); err != nil {
+			return nil, errBadRow{fmt.Errorf("decode headers: %w", err)}
+		}
+	}
+	for k, v := range extra {
+		msg.Header.Set(k, v)
+	}
+	msg.Header.Set(idem.HeaderKey, o.key)
+	msg.Header.Set(jetstream.MsgIDHeader, o.msgID)
+	msg.Header.Set(idem.HeaderEnqueuedAt, o.created.UTC().Format(enqueuedAtLayout))
+	msg.Data = o.payload
+	return msg, nil
+}
+
+// publishAsync publishes every message async (rows[i]'s is msgs[i]), then waits
+// for every PubAck.
+func (r *Relay) publishAsync(ctx context.Context, rows []outboxRow, msgs []*nats.Msg) (ok acked, failed map[int64]error) {
 	failed = map[int64]error{}
 	deadline, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
-	futures := make([]jetstream.PubAckFuture, len(batch))
-	for i, o := range batch {
-		msg := nats.NewMsg(o.subject)
-		var extra map[string]string
-		if len(o.headers) > 0 {
-			if err := json.Unmarshal(o.headers, &extra); err != nil {
-				failed[o.id] = errBadRow{fmt.Errorf("decode headers: %w", err)}
-				continue
-			}
-		}
-		for k, v := range extra {
-			msg.Header.Set(k, v)
-		}
-		msg.Header.Set(idem.HeaderKey, o.key)
-		msg.Header.Set(jetstream.MsgIDHeader, o.msgID)
-		msg.Header.Set(idem.HeaderEnqueuedAt, o.created.UTC().Format(enqueuedAtLayout))
-		msg.Data = o.payload
+	futures := make([]jetstream.PubAckFuture, len(msgs))
+	for i, msg := range msgs {
 		f, err := r.js.PublishMsgAsync(msg, r.pubOpts...)
 		if err != nil {
-			failed[o.id] = err
+			failed[rows[i].id] = err
 			continue
 		}
 		futures[i] = f
@@ -596,13 +652,13 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, faile
 		case ack := <-f.Ok():
 			// A duplicate's PubAck names the sequence of the message it was folded
 			// into: where this intent's message is.
-			ok.ids = append(ok.ids, batch[i].id)
+			ok.ids = append(ok.ids, rows[i].id)
 			ok.streams = append(ok.streams, ack.Stream)
 			ok.seqs = append(ok.seqs, int64(ack.Sequence))
 		case err := <-f.Err():
-			failed[batch[i].id] = err
+			failed[rows[i].id] = err
 		case <-deadline.Done():
-			failed[batch[i].id] = fmt.Errorf("no PubAck within PublishTimeout %s", r.cfg.PublishTimeout)
+			failed[rows[i].id] = fmt.Errorf("no PubAck within PublishTimeout %s", r.cfg.PublishTimeout)
 		}
 	}
 	return ok, failed

@@ -26,6 +26,9 @@ type StreamConfig struct {
 	Duplicates time.Duration
 	// Replicas (default 1).
 	Replicas int
+	// AllowAtomicPublish lets the stream take atomic batches, which
+	// RelayConfig.AtomicPublish sends (nats-server 2.12 or later).
+	AllowAtomicPublish bool
 }
 
 // DefaultStreamMaxAge is the stream's default MaxAge.
@@ -88,6 +91,8 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 		MaxAge:     cfg.MaxAge,
 		Duplicates: cfg.Duplicates,
 		Replicas:   cfg.Replicas,
+
+		AllowAtomicPublish: cfg.AllowAtomicPublish,
 	})
 	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 		// Another worker created it between our look-up and create.

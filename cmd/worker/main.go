@@ -72,6 +72,7 @@ type options struct {
 	reconcileAfter  string
 	groupCommit     string
 	noMigrate       bool
+	atomicPublish   bool
 	metricsAddr     string
 	console         bool
 	consoleToken    string
@@ -141,6 +142,8 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	})
 	fs.StringVar(&o.groupCommit, "group-commit", env("IDEM_GROUP_COMMIT", ""), fmt.Sprintf("group commit in the ingress: up to `N` (1..%d) concurrent requests share one transaction, a savepoint each, and one COMMIT; "+
 		"empty or 0 is off, one transaction per request (env IDEM_GROUP_COMMIT)", producer.MaxGroupRequests))
+	fs.BoolVar(&o.atomicPublish, "atomic-publish", env("IDEM_ATOMIC_PUBLISH", "") != "", "the relay publishes each batch as one JetStream atomic batch, one PubAck (and with fsync on every write one fsync) per batch; "+
+		"the stream the worker creates allows it; an existing stream that does not makes the relay publish message by message, with a warning; needs nats-server 2.12 or later (env IDEM_ATOMIC_PUBLISH)")
 	fs.StringVar(&o.reconcileAfter, "reconcile-after", env("IDEM_RECONCILE_AFTER", ""), "how long a published intent may stay unsettled by a consumer before the reconciler looks for it in the stream and re-drives it if lost; "+
 		"off runs the relay without a reconciler (env IDEM_RECONCILE_AFTER; default 5m)")
 	return fs, o
@@ -346,6 +349,7 @@ func runService(args []string, stderr io.Writer) error {
 	if cfg.Ingress.GroupCommit.MaxRequests, err = parseGroupCommit(o.groupCommit); err != nil {
 		return usageError{err}
 	}
+	cfg.Relay.AtomicPublish, cfg.Stream.AllowAtomicPublish = o.atomicPublish, o.atomicPublish
 	exporter, err := traceExporter(o.trace, os.Getenv)
 	if err != nil {
 		return err
