@@ -57,8 +57,11 @@ type PipelineConfig struct {
 	// Reconcile runs a reconciler beside the relay, which then awaits proof
 	// (outbox.RelayConfig.AwaitProof), as the worker does.
 	Reconcile bool
-	Timeout   time.Duration
-	Log       *slog.Logger
+	// AtomicPublish makes the relay publish each batch as one JetStream atomic
+	// batch (outbox.RelayConfig.AtomicPublish).
+	AtomicPublish bool
+	Timeout       time.Duration
+	Log           *slog.Logger
 }
 
 // pipelineRun is what one pipeline run measured.
@@ -157,6 +160,8 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 		AwaitProof: cfg.Reconcile,
 		Logger:     cfg.Log,
 		Observer:   relayObserver(published, nil),
+
+		AtomicPublish: cfg.AtomicPublish,
 	})
 	if err != nil {
 		return out, fmt.Errorf("relay: %w", err)
@@ -426,6 +431,7 @@ const (
 	rowFsyncAlways     = "e2e, fsync always"
 	rowFsyncReconciled = "e2e, fsync always + reconciler"
 	rowReconciled      = "e2e, default fsync + reconciler"
+	rowFsyncAtomic     = "e2e, fsync always, atomic batch publish"
 	// rowUnproven is no shipped setting: a broker crash can lose writes it already
 	// acknowledged, and nothing re-drives them. It is there to price the
 	// reconciler's proof at the default fsync.
@@ -448,9 +454,12 @@ func runE2EDurability(ctx context.Context, newEnv func(syncAlways bool) envFacto
 		row        string
 		syncAlways bool
 		reconcile  bool
-	}{{rowFsyncAlways, true, false}, {rowFsyncReconciled, true, true}, {rowReconciled, false, true}, {rowUnproven, false, false}} {
+		atomic     bool
+	}{{rowFsyncAlways, true, false, false}, {rowFsyncAtomic, true, false, true}, {rowFsyncReconciled, true, true, false},
+		{rowReconciled, false, true, false}, {rowUnproven, false, false, false}} {
 		p := cfg.Pipeline
 		p.Scenario, p.Producers, p.EnqueueBatch, p.Rate, p.Reconcile = v.row, durabilityProducers, cfg.DurabilityBatch, 0, v.reconcile
+		p.AtomicPublish = v.atomic
 		if p.EnqueueBatch > 1 {
 			// Not the shape users run: an extra, labelled row.
 			v.row += fmt.Sprintf(" (%d intents per transaction)", p.EnqueueBatch)
@@ -461,6 +470,7 @@ func runE2EDurability(ctx context.Context, newEnv func(syncAlways bool) envFacto
 		}
 		r := Result{Scenario: scE2EDurability, Row: v.row, N: p.N, Messages: p.N, Config: pipelineConfigMap(p)}
 		r.Config["jetstream_sync_always"] = v.syncAlways
+		r.Config["atomic_publish"] = v.atomic
 		r.setMeasurement(run.meas, p.N)
 		r.Seconds, r.Rate = run.effects.Seconds(), float64(p.N)/run.effects.Seconds()
 		r.Ledger, r.Verified = &run.ledger, "ok"

@@ -73,7 +73,7 @@ const (
 	scWatermillHTTP = "watermill-http"
 )
 
-var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scE2EOrdered, scPlainHTTP, scE2EHTTP, scE2EHTTPGroup, scWatermillHTTP}
+var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scE2EOrdered, scPlainHTTP, scE2EHTTP, scE2EHTTPGroup, scWatermillHTTP, scPublishBatch}
 
 // Options are the command-line flags.
 type Options struct {

@@ -96,6 +96,9 @@ func ratiosAndTargets(rs []Result) (map[string]float64, []Target) {
 	if rec, fsync := findFunc(rs, rowIs(rowReconciled)), findFunc(rs, rowIs(rowFsyncAlways)); rec != nil && fsync != nil {
 		ratios["e2e default fsync + reconciler/fsync always"] = rec.Rate / fsync.Rate
 	}
+	if atomic, fsync := findFunc(rs, rowIs(rowFsyncAtomic)), findFunc(rs, rowIs(rowFsyncAlways)); atomic != nil && fsync != nil {
+		ratios["e2e fsync always, atomic batch publish/fsync always"] = atomic.Rate / fsync.Rate
+	}
 	if rec, fsync := findFunc(rs, rowIs(rowReconciled)), findFunc(rs, rowIs(rowFsyncReconciled)); rec != nil && fsync != nil {
 		ratios["e2e default fsync + reconciler/fsync always + reconciler"] = rec.Rate / fsync.Rate
 	}
@@ -167,7 +170,8 @@ func printTable(w io.Writer, rep Report) {
 	tw.Flush()
 	fmt.Fprintln(w)
 	for _, name := range []string{"e2e-http/plain-http", "e2e-http-group/plain-http", "e2e-http-group/e2e-http", "idem-consumer/naive", "idem-consumer/handwritten-inbox", "e2e default fsync + reconciler/fsync always",
-		"e2e default fsync + reconciler/fsync always + reconciler", "e2e default fsync + reconciler/no reconciler"} {
+		"e2e default fsync + reconciler/fsync always + reconciler", "e2e default fsync + reconciler/no reconciler",
+		"e2e fsync always, atomic batch publish/fsync always"} {
 		if v, ok := rep.Ratios[name]; ok {
 			fmt.Fprintf(w, "ratio %-46s %.2fx\n", name, v)
 		}

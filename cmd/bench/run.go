@@ -194,6 +194,8 @@ func runScenario(ctx context.Context, opts Options, name string, log *slog.Logge
 		return runE2EDurability(ctx, envWith, e2e)
 	case scE2EOrdered:
 		return runE2EOrdered(ctx, newEnv, opts, log)
+	case scPublishBatch:
+		return runPublishBatch(ctx, opts)
 	case scE2EDup:
 		e2e.Pipeline.DropFraction, e2e.Pipeline.AckWait = opts.DupDrop, opts.DupAckWait
 		return runE2EDup(ctx, newEnv, e2e)
