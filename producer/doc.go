@@ -11,8 +11,10 @@
 //	COMMIT
 //	write the response
 //
-// The claim, the effect, the outbox message and the remembered response commit
-// together, so a crash anywhere before COMMIT leaves no trace and the client's
+// BEGIN goes to Postgres in one round trip with the claim, and COMMIT in one with
+// the outbox rows and the stored response, so the middleware adds two round trips
+// to the handler's own. The claim, the effect, the outbox message and the
+// remembered response commit together, so a crash anywhere before COMMIT leaves no trace and the client's
 // retry executes again, while a crash after it leaves the first response to be
 // replayed. The handler gets the transaction and the intent's name from
 // IntentFrom(ctx); Intent.Enqueue writes a message stamped with the scoped key.
