@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Atomic batch publish (RelayConfig.AtomicPublish): a batch's messages go to the
@@ -21,7 +22,10 @@ import (
 // The broker refuses a whole batch that holds a Msg-Id it already stored, where
 // a plain publish would be answered "duplicate". A relay meets that after a crash
 // between publishing a batch and marking it published: such a batch is published
-// again message by message, and the Msg-Id dedupe folds what is stored.
+// again message by message, and the Msg-Id dedupe folds what is stored. Every
+// other refusal of one batch (a row whose subject another stream stores, say) is
+// answered the same way, so each row meets the broker's verdict on it alone, as
+// without AtomicPublish.
 
 // The headers of JetStream's atomic batch publish (nats-server 2.12 and later).
 const (
@@ -35,11 +39,13 @@ const (
 // with AtomicPublish.
 const MaxAtomicBatch = 1000
 
-// The broker's error codes for a refused batch that the relay answers by
-// publishing the batch message by message.
+// The broker's error codes for a refused batch that say atomic batches will not
+// work on this stream at all: the relay turns AtomicPublish off. Any other refusal
+// (a Msg-Id the stream has, err_code 10201, or a row of the batch the stream
+// cannot take) concerns this batch only, which is published message by message.
 const (
-	errCodeAtomicDisabled  = 10174 // the stream does not allow atomic publish
-	errCodeAtomicDuplicate = 10201 // the batch holds a Msg-Id the stream has
+	errCodeAtomicDisabled = 10174 // the stream does not allow atomic publish
+	errCodeAtomicTooLarge = 10199 // the broker's max_batch_size is below BatchSize
 )
 
 // batchPubAck is the broker's answer to a batch's commit message: the stream, the
@@ -65,11 +71,20 @@ func (e errBatchRefused) Error() string {
 	return fmt.Sprintf("atomic batch refused: %s (err_code %d)", e.description, e.code)
 }
 
+// turnsOff reports whether refused says no atomic batch will work here.
+func turnsOff(refused error) bool {
+	var br errBatchRefused
+	return errors.As(refused, &br) && (br.code == errCodeAtomicDisabled || br.code == errCodeAtomicTooLarge)
+}
+
 // publishAtomic sends msgs (rows[i]'s message is msgs[i]) as one atomic batch and
 // waits for its PubAck, up to PublishTimeout. On success every row is acked, at
 // the sequences the batch took: it is stored contiguously, so row i is at
-// seq - len + 1 + i. A refusal is returned whole (errBatchRefused); any other
-// failure fails every row, as a missing PubAck does.
+// seq - len + 1 + i. What the caller should publish message by message instead is
+// returned as refused: a batch the broker refused (errBatchRefused), or one no
+// stream answered, so that each row meets the broker's verdict on it alone. A
+// batch lost on the way (no PubAck in time, the connection dropped) fails every
+// row, as missing PubAcks do.
 func (r *Relay) publishAtomic(ctx context.Context, rows []outboxRow, msgs []*nats.Msg) (ok acked, failed map[int64]error, refused error) {
 	failed = map[int64]error{}
 	failAll := func(err error) (acked, map[int64]error, error) {
@@ -84,6 +99,10 @@ func (r *Relay) publishAtomic(ctx context.Context, rows []outboxRow, msgs []*nat
 	for i, m := range msgs {
 		m.Header.Set(headerBatchID, id)
 		m.Header.Set(headerBatchSeq, strconv.Itoa(i+1))
+		if r.cfg.Stream != "" {
+			// Checked for the whole batch before anything is stored.
+			m.Header.Set(jetstream.ExpectedStreamHeader, r.cfg.Stream)
+		}
 		if i < last {
 			if err := nc.PublishMsg(m); err != nil {
 				return failAll(err)
@@ -94,6 +113,9 @@ func (r *Relay) publishAtomic(ctx context.Context, rows []outboxRow, msgs []*nat
 	deadline, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	reply, err := nc.RequestMsgWithContext(deadline, msgs[last])
+	if errors.Is(err, nats.ErrNoResponders) {
+		return acked{}, nil, fmt.Errorf("atomic batch: no stream answered: %w", err)
+	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no PubAck for the atomic batch within PublishTimeout %s", r.cfg.PublishTimeout)
@@ -128,11 +150,12 @@ func (r *Relay) publishAtomic(ctx context.Context, rows []outboxRow, msgs []*nat
 }
 
 // withoutBatchHeaders strips what publishAtomic set, for the message-by-message
-// publish of a refused batch.
+// publish of a refused batch (which sets the expected stream its own way).
 func withoutBatchHeaders(msgs []*nats.Msg) {
 	for _, m := range msgs {
 		m.Header.Del(headerBatchID)
 		m.Header.Del(headerBatchSeq)
 		m.Header.Del(headerBatchCommit)
+		m.Header.Del(jetstream.ExpectedStreamHeader)
 	}
 }

@@ -139,9 +139,46 @@ func TestRelayAtomicPublishOnAStreamThatRefusesIt(t *testing.T) {
 	checkStoredWhereRecorded(t, env, stream, 30, false)
 }
 
-func TestRelayAtomicPublishBatchSize(t *testing.T) {
+func TestRelayAtomicPublishConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := outbox.NewRelay(nil, nil, outbox.RelayConfig{AtomicPublish: true, BatchSize: outbox.MaxAtomicBatch + 1}); err == nil {
+	if _, err := outbox.NewRelay(nil, nil, outbox.RelayConfig{Stream: "S", AtomicPublish: true, BatchSize: outbox.MaxAtomicBatch + 1}); err == nil {
 		t.Fatal("NewRelay accepted a BatchSize over MaxAtomicBatch with AtomicPublish")
+	}
+	if _, err := outbox.NewRelay(nil, nil, outbox.RelayConfig{AtomicPublish: true}); err == nil {
+		t.Fatal("NewRelay accepted AtomicPublish without Stream")
+	}
+}
+
+// A batch holding a row another stream stores: with AtomicPublish the expected
+// stream refuses the whole batch before anything is stored, and the relay then
+// publishes it message by message, so each row gets the broker's verdict alone,
+// as without AtomicPublish: the good rows land in the stream, the misrouted one
+// fails with its error, and the other stream took nothing.
+func TestRelayAtomicPublishWithAMisroutedRow(t *testing.T) {
+	t.Parallel()
+	env, _, stream := atomicSetup(t, true)
+	ctx := context.Background()
+	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}, AllowAtomicPublish: true}); err != nil {
+		t.Fatal(err)
+	}
+	anySubject, err := outbox.New(outbox.Config{}) // no Subjects: Enqueue cannot tell
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := atomicMsgs("m", 5)
+	msgs = append(msgs[:2], append([]idem.Message{{Key: "m-misrouted", Subject: "other.x", Payload: []byte("{}")}}, msgs[2:]...)...)
+	enqueue(t, env.DB, anySubject, msgs...)
+	r := newRelay(t, env, outbox.RelayConfig{Stream: stream, BatchSize: 100, AtomicPublish: true})
+	if n, err := r.Drain(ctx); err != nil || n != 5 {
+		t.Fatalf("Drain = %d, %v; want 5 published", n, err)
+	}
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND attempts = 1 AND last_error IS NOT NULL AND key = 'm-misrouted'`); n != 1 {
+		t.Fatalf("the misrouted row pending with its error = %d, want 1", n)
+	}
+	if got := env.StreamMsgs(t, "OTHER"); got != 0 {
+		t.Fatalf("the other stream took %d messages, want 0", got)
+	}
+	if got := env.StreamMsgs(t, stream); got != 5 {
+		t.Fatalf("the stream holds %d messages, want 5", got)
 	}
 }

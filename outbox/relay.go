@@ -110,7 +110,8 @@ type RelayConfig struct {
 	// (StreamConfig.AllowAtomicPublish). A batch the broker refuses whole (one
 	// re-published after a crash holds Msg-Ids the stream already has) is
 	// published message by message; a stream that does not allow it turns it off,
-	// with a warning. BatchSize may not exceed MaxAtomicBatch. Default: off.
+	// with a warning. It needs Stream, and BatchSize may not exceed MaxAtomicBatch.
+	// Default: off.
 	AtomicPublish bool
 }
 
@@ -151,6 +152,8 @@ func (c RelayConfig) validate() error {
 		return errors.New("outbox: relay: BatchSize, MaxAttempts and MaxBatchBytes must not be negative")
 	case c.PollInterval < 0, c.PublishTimeout < 0, c.Retention < 0:
 		return errors.New("outbox: relay: durations must not be negative")
+	case c.AtomicPublish && c.Stream == "":
+		return errors.New("outbox: relay: AtomicPublish needs Stream: an atomic batch goes to one stream, and a batch whose subjects span two is refused whole")
 	case c.AtomicPublish && c.BatchSize > MaxAtomicBatch:
 		return fmt.Errorf("outbox: relay: BatchSize %d is more than an atomic batch takes (MaxAtomicBatch, %d)", c.BatchSize, MaxAtomicBatch)
 	case c.Outbox != nil && pgschema.Name(c.Outbox.cfg.Schema) != pgschema.Name(c.Schema):
@@ -592,9 +595,11 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, faile
 			}
 			return aok, failed
 		}
-		var br errBatchRefused
-		if errors.As(refused, &br) && br.code == errCodeAtomicDisabled && !r.atomicOff.Swap(true) {
-			r.log.WarnContext(ctx, "relay: the stream refuses atomic batches; publishing message by message from now on (allow atomic publish on the stream, nats-server 2.12 or later)", "err", refused)
+		if turnsOff(refused) {
+			if !r.atomicOff.Swap(true) {
+				r.log.WarnContext(ctx, "relay: the broker refuses atomic batches here; publishing message by message from now on "+
+					"(allow atomic publish on the stream, nats-server 2.12 or later, max_batch_size at least BatchSize)", "err", refused)
+			}
 		} else {
 			r.log.InfoContext(ctx, "relay: atomic batch refused, publishing it message by message", "rows", len(rows), "err", refused)
 		}

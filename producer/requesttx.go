@@ -104,6 +104,9 @@ func (t *requestTx) rollback(ctx context.Context) error {
 // pgx.Tx, for the handler.
 
 func (t *requestTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.conn == nil {
+		return nil, pgx.ErrTxClosed
+	}
 	t.savepoints++
 	sp := &savepointTx{t: t, name: fmt.Sprintf("idem_sp_%d", t.savepoints)}
 	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name); err != nil {
@@ -115,11 +118,20 @@ func (t *requestTx) Begin(ctx context.Context) (pgx.Tx, error) {
 func (t *requestTx) Commit(context.Context) error   { return errRequestTx }
 func (t *requestTx) Rollback(context.Context) error { return errRequestTx }
 
+// The statements below fail with pgx.ErrTxClosed once the request's transaction
+// has ended, as pgx's own Tx does, rather than on a connection back in the pool.
+
 func (t *requestTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if t.conn == nil {
+		return 0, pgx.ErrTxClosed
+	}
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
 
 func (t *requestTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.conn == nil {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
 	return t.conn.SendBatch(ctx, b)
 }
 
@@ -127,6 +139,9 @@ func (t *requestTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResult
 // request's, with a query that changes nothing, in its own round trip. It is never
 // ended; the request's transaction is.
 func (t *requestTx) LargeObjects() pgx.LargeObjects {
+	if t.conn == nil {
+		return pgx.LargeObjects{} // ended: its methods panic, as they would on any closed Tx's
+	}
 	tx, err := t.conn.Conn().BeginTx(context.Background(), pgx.TxOptions{BeginQuery: sqlNoop})
 	if err != nil {
 		// The connection is broken, and LargeObjects cannot say so: the empty
@@ -138,22 +153,45 @@ func (t *requestTx) LargeObjects() pgx.LargeObjects {
 }
 
 func (t *requestTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.conn == nil {
+		return nil, pgx.ErrTxClosed
+	}
 	return t.conn.Conn().Prepare(ctx, name, sql)
 }
 
 func (t *requestTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.conn == nil {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
 	return t.conn.Exec(ctx, sql, args...)
 }
 
 func (t *requestTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.conn == nil {
+		return nil, pgx.ErrTxClosed
+	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
 func (t *requestTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.conn == nil {
+		return closedRow{}
+	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
-func (t *requestTx) Conn() *pgx.Conn { return t.conn.Conn() }
+// Conn is nil once the transaction has ended.
+func (t *requestTx) Conn() *pgx.Conn {
+	if t.conn == nil {
+		return nil
+	}
+	return t.conn.Conn()
+}
+
+// closedRow answers QueryRow for an ended requestTx.
+type closedRow struct{}
+
+func (closedRow) Scan(...any) error { return pgx.ErrTxClosed }
 
 // savepointTx is a transaction the handler nested in the request's (Tx.Begin): a
 // savepoint, which the handler commits (RELEASE) or rolls back (ROLLBACK TO), as

@@ -277,3 +277,36 @@ func TestFailedTransactionStoresNothing(t *testing.T) {
 		t.Fatalf("test_writes after the retry = %d, want 1", n)
 	}
 }
+
+// A handler that keeps Intent.Tx past its return (a goroutine, say) gets
+// pgx.ErrTxClosed from it, not a connection that is back in the pool.
+func TestRequestTxAfterTheRequest(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	var kept pgx.Tx
+	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, _ := producer.IntentFrom(r.Context())
+		kept = in.Tx
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := (req{path: "/ok", key: key("after-1")}).send(h); w.Code != http.StatusCreated {
+		t.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+	ctx := context.Background()
+	if _, err := kept.Exec(ctx, `INSERT INTO test_writes (key) VALUES ('late')`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Exec after the request: %v, want ErrTxClosed", err)
+	}
+	var one int
+	if err := kept.QueryRow(ctx, `SELECT 1`).Scan(&one); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("QueryRow after the request: %v, want ErrTxClosed", err)
+	}
+	if err := kept.SendBatch(ctx, &pgx.Batch{}).Close(); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("SendBatch after the request: %v, want ErrTxClosed", err)
+	}
+	if _, err := kept.Begin(ctx); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Errorf("Begin after the request: %v, want ErrTxClosed", err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM test_writes`); n != 0 {
+		t.Fatalf("test_writes = %d, want 0", n)
+	}
+}
