@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
@@ -156,15 +155,5 @@ func (a *answer) runHandler(next http.Handler, w http.ResponseWriter, r *http.Re
 func (a *answer) end(tx *requestTx) {
 	if err := tx.rollback(a.ctx); err != nil {
 		a.log.WarnContext(a.ctx, "middleware: rollback", "err", err)
-	}
-}
-
-func (a *answer) rollback(tx pgx.Tx) {
-	// The request's context may be cancelled (client gone); the rollback must still
-	// reach the server so the connection returns clean to the pool.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), 5*time.Second)
-	defer cancel()
-	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
-		a.log.WarnContext(ctx, "middleware: rollback", "err", err)
 	}
 }
