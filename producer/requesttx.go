@@ -109,7 +109,7 @@ func (t *requestTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	}
 	t.savepoints++
 	sp := &savepointTx{t: t, name: fmt.Sprintf("idem_sp_%d", t.savepoints)}
-	if _, err := t.conn.Exec(ctx, "SAVEPOINT "+sp.name); err != nil {
+	if _, err := t.conn.Exec(ctx, sqlSavepoint+sp.name); err != nil {
 		return nil, err
 	}
 	return sp, nil
@@ -214,7 +214,7 @@ func (s *savepointTx) Commit(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.t.conn.Exec(ctx, "RELEASE SAVEPOINT "+s.name)
+	_, err := s.t.conn.Exec(ctx, sqlReleaseSavepoint+s.name)
 	return err
 }
 
@@ -223,7 +223,7 @@ func (s *savepointTx) Rollback(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+s.name)
+	_, err := s.t.conn.Exec(ctx, sqlRollbackToSavepoint+s.name)
 	return err
 }
 

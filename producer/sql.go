@@ -31,6 +31,12 @@ const (
 	// sqlNoop changes nothing; requestTx.LargeObjects sends it where pgx sends BEGIN.
 	sqlNoop = `SELECT 1`
 
+	// A handler's nested transaction (Intent.Tx.Begin) is a savepoint, named
+	// idem_sp_<n> (appended), as pgx's own nested transactions are.
+	sqlSavepoint           = `SAVEPOINT `
+	sqlReleaseSavepoint    = `RELEASE SAVEPOINT `
+	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT `
+
 	// sqlClaimFirst is sqlClaim as the transaction's first statement: its FROM
 	// subquery, evaluated before the row is inserted (so before any wait on a
 	// concurrent duplicate's uncommitted row), sets lock_timeout to $7, Wait, for
