@@ -210,20 +210,21 @@ func (s *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (s *savepointTx) Commit(ctx context.Context) error {
-	if s.closed {
-		return pgx.ErrTxClosed
-	}
-	s.closed = true
-	_, err := s.t.conn.Exec(ctx, sqlReleaseSavepoint+s.name)
-	return err
+	return s.end(ctx, sqlReleaseSavepoint)
 }
 
 func (s *savepointTx) Rollback(ctx context.Context) error {
+	return s.end(ctx, sqlRollbackToSavepoint)
+}
+
+// end releases or rolls back to the savepoint, once; through the request's Tx,
+// so after the request it answers pgx.ErrTxClosed.
+func (s *savepointTx) end(ctx context.Context, sql string) error {
 	if s.closed {
 		return pgx.ErrTxClosed
 	}
 	s.closed = true
-	_, err := s.t.conn.Exec(ctx, sqlRollbackToSavepoint+s.name)
+	_, err := s.t.Exec(ctx, sql+s.name)
 	return err
 }
 
