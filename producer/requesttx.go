@@ -23,9 +23,8 @@ import (
 // return an error, since ending the request's transaction belongs to the
 // middleware.
 type requestTx struct {
-	conn       *pgxpool.Conn
-	savepoints int  // savepoints made so far, which names the next one
-	ended      bool // committed, rolled back, or its connection lost
+	conn       *pgxpool.Conn // nil once the transaction has ended and the connection is back
+	savepoints int           // savepoints made so far, which names the next one
 }
 
 var errRequestTx = errors.New("middleware: the middleware commits or rolls back the request's transaction, not the handler")
@@ -61,13 +60,11 @@ func (t *requestTx) commit(ctx context.Context, b *pgx.Batch) error {
 		return nil
 	})
 	if err := t.conn.SendBatch(ctx, b).Close(); err != nil {
-		if t.conn.Conn().PgConn().TxStatus() == 'I' {
-			t.ended = true // the COMMIT itself failed: Postgres has rolled back
-		}
+		// If the COMMIT itself failed, Postgres has rolled back (the connection is
+		// idle); otherwise the transaction is left failed: rollback tells them apart.
 		return err
 	}
 	// Ended: the connection goes back now, not after the response is written.
-	t.ended = true
 	t.conn.Release()
 	t.conn = nil
 	if tag.String() != "COMMIT" {
@@ -89,10 +86,9 @@ func (t *requestTx) rollback(ctx context.Context) error {
 		t.conn.Release()
 		t.conn = nil
 	}()
-	if t.ended || t.conn.Conn().PgConn().TxStatus() == 'I' || t.conn.Conn().IsClosed() {
-		return nil
+	if t.conn.Conn().PgConn().TxStatus() == 'I' || t.conn.Conn().IsClosed() {
+		return nil // no transaction left to end
 	}
-	t.ended = true
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := t.conn.Exec(rctx, sqlRollbackRequest); err != nil {

@@ -14,7 +14,8 @@ import (
 // or, with Config.GroupCommit, inside the request's savepoint of its group's
 // transaction (see group.go).
 const (
-	// sqlBegin opens the request's transaction and bounds how long any of its
+	// sqlBegin opens a group's transaction (Config.GroupCommit; a request alone
+	// begins with sqlBeginRequest and sqlClaimFirst) and bounds how long any of its
 	// statements waits for a lock, above all the claim's wait on a concurrent
 	// duplicate's uncommitted row, in one round trip (two statements in one simple
 	// query). The %d is the middleware's Wait in milliseconds, formatted from an
