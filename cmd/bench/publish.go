@@ -20,18 +20,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/jsbatch"
 )
 
 const scPublishBatch = "publish-batch"
@@ -179,55 +178,23 @@ func publishAsync(ctx context.Context, js jetstream.JetStream, msgs []*nats.Msg)
 	return duplicates, nil
 }
 
-// atomicPubAck is the broker's answer to a batch's commit message.
-type atomicPubAck struct {
-	Stream    string `json:"stream"`
-	Seq       uint64 `json:"seq"`
-	BatchID   string `json:"batch"`
-	BatchSize int    `json:"count"`
-	Error     *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error"`
-}
-
-// publishAtomic sends msgs as one atomic batch: all but the last without a reply,
-// the last with the commit header, answered by one PubAck. The headers are set on
-// copies, so the caller's messages stay as they were.
+// publishAtomic sends msgs as one atomic batch (jsbatch, as the relay does),
+// answered by one PubAck. The headers are set on copies, so the caller's messages
+// stay as they were.
 func publishAtomic(nc *nats.Conn, msgs []*nats.Msg) error {
-	id := uuid.NewString()
+	batch := make([]*nats.Msg, len(msgs))
 	for i, m := range msgs {
 		c := nats.NewMsg(m.Subject)
 		c.Data = m.Data
 		for k, v := range m.Header {
 			c.Header[k] = v
 		}
-		c.Header.Set("Nats-Batch-Id", id)
-		c.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
-		if i < len(msgs)-1 {
-			if err := nc.PublishMsg(c); err != nil {
-				return err
-			}
-			continue
-		}
-		c.Header.Set("Nats-Batch-Commit", "1")
-		reply, err := nc.RequestMsg(c, 10*time.Second)
-		if err != nil {
-			return err
-		}
-		var ack atomicPubAck
-		if err := json.Unmarshal(reply.Data, &ack); err != nil {
-			return fmt.Errorf("batch PubAck %q: %w", reply.Data, err)
-		}
-		if ack.Error != nil {
-			return fmt.Errorf("batch refused: %s (err_code %d)", ack.Error.Description, ack.Error.ErrCode)
-		}
-		if ack.BatchSize != len(msgs) {
-			return fmt.Errorf("batch PubAck counts %d messages, want %d", ack.BatchSize, len(msgs))
-		}
+		batch[i] = c
 	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := jsbatch.Publish(ctx, nc, batch)
+	return err
 }
 
 func errOr(err error, ok string) string {
