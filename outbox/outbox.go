@@ -115,7 +115,7 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, gen
 	if err != nil || rows == nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, o.q.enqueue, rows.args()...); err != nil {
+	if _, err := tx.Exec(ctx, rows.statement(o.q), rows.args()...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
 	if _, err := tx.Exec(ctx, sqlNotify, o.channel); err != nil {
@@ -138,7 +138,7 @@ func (o *Outbox) AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...idem.Mess
 	if err != nil || rows == nil {
 		return err
 	}
-	b.Queue(o.q.enqueue, rows.args()...)
+	b.Queue(rows.statement(o.q), rows.args()...)
 	return nil
 }
 
@@ -149,7 +149,19 @@ type outboxRows struct {
 	payloads                        [][]byte
 }
 
+// statement is the enqueue statement for r: one VALUES row for one message, or
+// unnest over the columns for more.
+func (r *outboxRows) statement(q queries) string {
+	if len(r.keys) == 1 {
+		return q.enqueueOne
+	}
+	return q.enqueue
+}
+
 func (r *outboxRows) args() []any {
+	if len(r.keys) == 1 {
+		return []any{r.keys[0], r.subjects[0], r.msgIDs[0], r.headers[0], r.payloads[0]}
+	}
 	return []any{r.keys, r.subjects, r.msgIDs, r.headers, r.payloads}
 }
 

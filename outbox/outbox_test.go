@@ -263,3 +263,61 @@ func TestBacklog(t *testing.T) {
 		t.Fatalf("after the drain: Backlog = %+v, %v; want nothing pending", b, err)
 	}
 }
+
+// One message goes in a VALUES row of its own, more in one unnest over their
+// columns (sqlEnqueueOne and sqlEnqueue). Either statement, through Enqueue or
+// AddToBatch, must store a message alike: the same key, subject, Msg-Id, headers
+// and payload, byte for byte.
+func TestEnqueueOneAndManyStoreAlike(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ob := newOutbox(t, "")
+	ctx := context.Background()
+	m := func(key string) idem.Message {
+		return idem.Message{Key: idem.ScopedKey("tenant", idem.Key(key)), Subject: testenv.Subject,
+			Payload: []byte{0, 1, 0xff, '"'}, Headers: map[string]string{"X-Trace": "t \"1\""}}
+	}
+	viaBatch := func(msgs ...idem.Message) {
+		t.Helper()
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			b := &pgx.Batch{}
+			if err := ob.AddToBatch(ctx, b, msgs...); err != nil {
+				return err
+			}
+			return tx.SendBatch(ctx, b).Close()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue(t, db, ob, m("one"))
+	enqueue(t, db, ob, m("many-1"), m("many-2"))
+	viaBatch(m("batch-one"))
+	viaBatch(m("batch-many-1"), m("batch-many-2"))
+
+	rows, err := db.Pool.Query(ctx, `SELECT key, subject, msg_id, headers->>'X-Trace', payload FROM idem_outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type stored struct {
+		key, subject, msgID, trace string
+		payload                    []byte
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (s stored, err error) {
+		return s, r.Scan(&s.key, &s.subject, &s.msgID, &s.trace, &s.payload)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := []string{"one", "many-1", "many-2", "batch-one", "batch-many-1", "batch-many-2"}
+	if len(got) != len(keys) {
+		t.Fatalf("stored %d rows, want %d", len(got), len(keys))
+	}
+	for i, k := range keys {
+		want := m(k)
+		w := stored{want.Key, want.Subject, idem.MsgID(want.Subject, want.Key), want.Headers["X-Trace"], want.Payload}
+		if g := got[i]; g.key != w.key || g.subject != w.subject || g.msgID != w.msgID || g.trace != w.trace || string(g.payload) != string(w.payload) {
+			t.Errorf("%s: stored %+v, want %+v", k, g, w)
+		}
+	}
+}
