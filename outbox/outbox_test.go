@@ -35,6 +35,23 @@ func enqueue(t *testing.T, db *pgtest.DB, ob *outbox.Outbox, msgs ...idem.Messag
 	}
 }
 
+// commitBatched writes msgs the way the producer middleware does: AddToBatch,
+// sent with the transaction's other statements, no NOTIFY.
+func commitBatched(t *testing.T, db *pgtest.DB, ob *outbox.Outbox, msgs ...idem.Message) {
+	t.Helper()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		if err := ob.AddToBatch(ctx, b, msgs...); err != nil {
+			return err
+		}
+		return tx.SendBatch(ctx, b).Close()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func msg(key string) idem.Message {
 	return idem.Message{Key: key, Subject: testenv.Subject, Payload: []byte(`{"n":1}`)}
 }
@@ -277,23 +294,10 @@ func TestEnqueueOneAndManyStoreAlike(t *testing.T) {
 		return idem.Message{Key: idem.ScopedKey("tenant", idem.Key(key)), Subject: testenv.Subject,
 			Payload: []byte{0, 1, 0xff, '"'}, Headers: map[string]string{"X-Trace": "t \"1\""}}
 	}
-	viaBatch := func(msgs ...idem.Message) {
-		t.Helper()
-		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-			b := &pgx.Batch{}
-			if err := ob.AddToBatch(ctx, b, msgs...); err != nil {
-				return err
-			}
-			return tx.SendBatch(ctx, b).Close()
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
 	enqueue(t, db, ob, m("one"))
 	enqueue(t, db, ob, m("many-1"), m("many-2"))
-	viaBatch(m("batch-one"))
-	viaBatch(m("batch-many-1"), m("batch-many-2"))
+	commitBatched(t, db, ob, m("batch-one"))
+	commitBatched(t, db, ob, m("batch-many-1"), m("batch-many-2"))
 
 	rows, err := db.Pool.Query(ctx, `SELECT key, subject, msg_id, headers->>'X-Trace', payload FROM idem_outbox ORDER BY id`)
 	if err != nil {

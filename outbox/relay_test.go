@@ -149,23 +149,6 @@ func waitListening(t *testing.T, env *testenv.Env, n int) {
 	})
 }
 
-// commitBatched writes msgs the way the producer middleware does: AddToBatch,
-// sent with the transaction's other statements, no NOTIFY.
-func commitBatched(t *testing.T, env *testenv.Env, ob *outbox.Outbox, msgs ...idem.Message) {
-	t.Helper()
-	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error {
-		b := &pgx.Batch{}
-		if err := ob.AddToBatch(ctx, b, msgs...); err != nil {
-			return err
-		}
-		return tx.SendBatch(ctx, b).Close()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
 // countingExecer counts the statements Wake sends.
 type countingExecer struct {
 	db    outbox.Execer
@@ -202,7 +185,7 @@ func TestWakeReachesTheRelay(t *testing.T) {
 			testenv.Go(t, "relay", newRelay(t, env, cfg).Run)
 			waitListening(t, env, 1)
 
-			commitBatched(t, env, ob, msg("k-wake"))
+			commitBatched(t, env.DB, ob, msg("k-wake"))
 			db := &countingExecer{db: env.DB.Pool}
 			if err := ob.Wake(context.Background(), db); err != nil {
 				t.Fatal(err)
