@@ -104,8 +104,7 @@ func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cf
 		what := "request sent -> ledger row committed"
 		if scenario == scPlainHTTP {
 			what = "request sent -> response (the payment row committed)"
-		}
-		if scenario != scPlainHTTP {
+		} else {
 			r.Notes = append(r.Notes, fmt.Sprintf("reconciler (a pass each second): %d of %d rows proven complete when the CPU meter stopped", run.proven, phase.n))
 		}
 		if phase.rate > 0 {
