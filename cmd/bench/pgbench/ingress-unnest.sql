@@ -1,0 +1,14 @@
+-- ingress.sql with the outbox row through unnest over one-element arrays, as
+-- before sqlEnqueueOne.
+-- Keys, fingerprints and payloads are stand-ins: only the statements' cost matters.
+\set r random(1, 1000000000)
+\startpipeline
+BEGIN;
+INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, expires_at) SELECT 'acct', 'k' || :r || '-' || :client_id, '\x0102'::bytea, 'POST', '/payments', 'running', now() + make_interval(secs => 86400::float8) FROM (SELECT set_config('lock_timeout', '5000ms', true)) AS w ON CONFLICT (scope, key) DO NOTHING RETURNING locked_at;
+\endpipeline
+INSERT INTO payments (scope, idempotency_key, account, amount_cents) VALUES ('acct', 'k' || :r, 'acct-1', 100) RETURNING id;
+\startpipeline
+INSERT INTO idem_outbox (key, subject, msg_id, headers, payload) SELECT k, s, m, h::jsonb, p FROM unnest(ARRAY['acct k' || :r || '-' || :client_id]::text[], ARRAY['idem.charge']::text[], ARRAY['m' || :r || '-' || :client_id]::text[], ARRAY['{"a":"b"}']::text[], ARRAY['\x7b7d']::bytea[]) AS t(k, s, m, h, p);
+UPDATE idem_requests SET status = 'done', response_code = 201, response_headers = '{"Content-Type":["application/json"]}', response_body = '\x7b7d' WHERE scope = 'acct' AND key = 'k' || :r || '-' || :client_id;
+COMMIT;
+\endpipeline
