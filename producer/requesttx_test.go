@@ -105,6 +105,17 @@ func tracedPool(t *testing.T, db *pgtest.DB, maxConns int32) (*pgxpool.Pool, *ro
 	return pool, rt
 }
 
+// writeRow is a handler's first step in these tests: it writes the request's row
+// in Intent.Tx, or answers 500 and reports false.
+func writeRow(w http.ResponseWriter, r *http.Request) (*producer.Intent, bool) {
+	in, _ := producer.IntentFrom(r.Context())
+	if _, err := in.Tx.Exec(r.Context(), `INSERT INTO test_writes (key) VALUES ($1)`, in.ScopedKey()); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return nil, false
+	}
+	return in, true
+}
+
 // TestRequestCostsTwoRoundTripsOfItsOwn pins what a request alone sends: BEGIN
 // with the claim, the handler's own statement, and the outbox row, the stored
 // response and COMMIT together. With BEGIN and COMMIT sent by themselves (pgx's
@@ -114,9 +125,8 @@ func TestRequestCostsTwoRoundTripsOfItsOwn(t *testing.T) {
 	db := newDB(t, pgtest.Options{})
 	pool, rt := tracedPool(t, db, 4)
 	h := newMiddleware(t, pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		in, _ := producer.IntentFrom(r.Context())
-		if _, err := in.Tx.Exec(r.Context(), `INSERT INTO test_writes (key) VALUES ($1)`, in.ScopedKey()); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		in, ok := writeRow(w, r)
+		if !ok {
 			return
 		}
 		if err := in.Enqueue(r.Context(), "idem.charges.requested", []byte(`{}`), nil); err != nil {
@@ -149,9 +159,8 @@ func TestHandlerCannotEndTheRequestTx(t *testing.T) {
 	db := newDB(t, pgtest.Options{})
 	var commitErr, rollbackErr error
 	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		in, _ := producer.IntentFrom(r.Context())
-		if _, err := in.Tx.Exec(r.Context(), `INSERT INTO test_writes (key) VALUES ($1)`, in.ScopedKey()); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		in, ok := writeRow(w, r)
+		if !ok {
 			return
 		}
 		commitErr, rollbackErr = in.Tx.Commit(r.Context()), in.Tx.Rollback(r.Context())
@@ -244,9 +253,8 @@ func TestFailedTransactionStoresNothing(t *testing.T) {
 	db := newDB(t, pgtest.Options{})
 	pool, _ := tracedPool(t, db, 1)
 	h := newMiddleware(t, pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		in, _ := producer.IntentFrom(r.Context())
-		if _, err := in.Tx.Exec(r.Context(), `INSERT INTO test_writes (key) VALUES ($1)`, in.ScopedKey()); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+		in, ok := writeRow(w, r)
+		if !ok {
 			return
 		}
 		if r.URL.Path == "/ignores-failure" {
