@@ -44,11 +44,18 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 	// HeaderMsgID is JetStream's de-duplication header.
 	HeaderMsgID = "Nats-Msg-Id"
-	// HeaderReplayFor names the one consumer a dead-letter replay is for. Every
-	// consumer of the subject receives the replayed message; the others ack it
-	// without an effect, so a replay never reaches a consumer that did not
-	// dead-letter it (whose inbox may have forgotten the key by then).
+	// HeaderReplayFor names the consumers a copy of a message is for, separated by
+	// commas: the consumer a dead-letter replay is for, or those a re-drive of a
+	// lost message is missing. Every consumer of the subject receives the copy;
+	// the others ack it without an effect, so a copy never reaches a consumer
+	// that settled the message already (whose inbox may have forgotten the key by
+	// then). It is the relay's own header: a producer may not set it.
 	HeaderReplayFor = "Idem-Replay-For"
+	// HeaderMessage carries the name a producer gave one message of an intent
+	// (Message.Name), set by the relay. Consumers fold deliveries by key and
+	// message (MessageOf), so two messages of one intent on one subject are two
+	// deliveries.
+	HeaderMessage = "Idem-Message"
 	// HeaderEnqueuedAt is set by the relay: when the message's outbox row was
 	// written, by the database's clock: RFC 3339 in UTC with microseconds
 	// ("2026-12-01T12:00:00.000000Z"). A consumer measures end-to-end latency from
@@ -56,15 +63,67 @@ const (
 	HeaderEnqueuedAt = "Idem-Enqueued-At"
 )
 
-// SetByRelay reports whether the relay sets header name on every message it
-// publishes, from the outbox row: the key, the Msg-Id and the enqueue time. A
-// producer may not set them, and a copy of a delivered message's headers (a
-// dead-letter replay, a handler forwarding metadata) must leave them out, or the
-// copy would be refused, or folded into the original by the broker.
+// SetByRelay reports whether header name is the relay's own, set from the outbox
+// row: the key, the Msg-Id, the enqueue time, the message's name and the consumers a
+// copy is for. A producer may not set them, and a copy of a delivered message's
+// headers (a dead-letter replay, a handler forwarding metadata) must leave them out,
+// or the copy would be refused, folded into the original by the broker, or skipped
+// by the consumers it is meant for. Names are compared as NATS compares them,
+// exactly.
 func SetByRelay(name string) bool {
 	switch name {
-	case HeaderKey, HeaderMsgID, HeaderEnqueuedAt:
+	case HeaderKey, HeaderMsgID, HeaderEnqueuedAt, HeaderMessage, HeaderReplayFor:
 		return true
+	}
+	return false
+}
+
+// MaxMessageNameLen is the longest Message.Name accepted, in bytes.
+const MaxMessageNameLen = 128
+
+// ValidateMessageName checks a Message.Name: empty (the subject alone names the
+// message), or 1..MaxMessageNameLen bytes of printable ASCII without spaces.
+func ValidateMessageName(name string) error {
+	if len(name) > MaxMessageNameLen {
+		return fmt.Errorf("idem: message name: %d bytes, longer than %d", len(name), MaxMessageNameLen)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c > '~' {
+			return fmt.Errorf("idem: message name %q: byte %d is 0x%02x, not printable ASCII without spaces", name, i, c)
+		}
+	}
+	return nil
+}
+
+// MessageOf names one message of an intent, as consumers fold it: the subject, or
+// the subject and the producer's name for it (Message.Name) joined by a space, which
+// neither contains. Two messages of one intent that one consumer reads are two
+// deliveries as long as they differ here.
+func MessageOf(subject, name string) string {
+	if name == "" {
+		return subject
+	}
+	return subject + " " + name
+}
+
+// ReplayFor splits a HeaderReplayFor value into consumer names.
+func ReplayFor(value string) []string {
+	if value == "" {
+		return nil
+	}
+	return strings.Split(value, ",")
+}
+
+// IsReplayFor reports whether a message whose HeaderReplayFor is value is for
+// consumer: it names no consumer (it is for every one), or it names this one.
+func IsReplayFor(value, consumer string) bool {
+	if value == "" {
+		return true
+	}
+	for _, name := range ReplayFor(value) {
+		if name == consumer {
+			return true
+		}
 	}
 	return false
 }
@@ -193,9 +252,26 @@ func ParseScopedKey(s string) (scope string, key Key, err error) {
 // MsgID derives the JetStream Nats-Msg-Id for one message of an intent. JetStream
 // dedupes Msg-Ids per stream, not per subject, and one intent may emit several
 // messages (a charge and its receipt email), so the subject is part of the id. A
-// subject never contains a space, so the join is unambiguous.
+// subject never contains a space, so the join is unambiguous. A message with a
+// name (Message.Name) adds it after the byte 0x1E, which no key, scope or name
+// contains; see Message.MsgID.
 func MsgID(subject, scopedKey string) string {
 	return subject + " " + scopedKey
+}
+
+// msgIDNameSep starts a Msg-Id's name part. Keys, scopes and names are printable
+// ASCII, so it cannot occur in them. (The outbox starts a re-publish's generation
+// with another such byte, 0x1D.)
+const msgIDNameSep = "\x1e"
+
+// MsgID is the Nats-Msg-Id the relay gives m: idem.MsgID of its subject and key,
+// then its name, if it has one.
+func (m Message) MsgID() string {
+	id := MsgID(m.Subject, m.Key)
+	if m.Name != "" {
+		id += msgIDNameSep + m.Name
+	}
+	return id
 }
 
 // Message is one message of an intent, as enqueued in the outbox and as delivered to
@@ -206,8 +282,16 @@ type Message struct {
 	// Subject is the literal JetStream subject (see ValidateSubject); it must lie
 	// under the subjects of the stream the relay publishes to.
 	Subject string
+	// Name tells apart the messages of one intent on one subject: two messages
+	// with the same key, subject and name are one delivery to every consumer that
+	// reads them (the second is folded into the first, or dead-lettered when its
+	// payload differs). Leave it empty when the intent sends one message per
+	// subject; set it ("line-1", "line-2") when it sends several (see
+	// ValidateMessageName).
+	Name string
 	// Headers are extra headers carried with the message (trace context, say).
-	// Idempotency-Key and Nats-Msg-Id are set by the relay and need not be here.
+	// The relay's own headers (SetByRelay) are set from the other fields and may
+	// not be here.
 	Headers map[string]string
 	// Payload is the message body.
 	Payload []byte

@@ -44,7 +44,7 @@ func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 	for _, d := range again {
 		var n int
 		err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() (err error) {
-			n, err = c.attempts.start(ctx, d.Key)
+			n, err = c.attempts.start(ctx, d.id())
 			return err
 		})
 		if err != nil {
@@ -97,7 +97,7 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 // or dead-letters it by that count. A database that cannot record the charge does
 // not stop the retry: the message comes back after its backoff, uncharged.
 func (c *Consumer) handlerFailed(ctx context.Context, d *Delivery, err error) {
-	n, rerr := c.attempts.fail(ctx, d.Key, err)
+	n, rerr := c.attempts.fail(ctx, d.id(), err)
 	if rerr != nil {
 		c.log.WarnContext(ctx, "handler failure not recorded; retrying uncharged", "key", d.Key, "err", rerr)
 		n = 1
@@ -121,17 +121,18 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 	res := batchResult{poison: map[*Delivery]string{}}
 	fs := faults.From(ctx)
 
-	// One claim per key: later deliveries of a key in the same batch are
-	// duplicates of the first (or, with another payload, poison). Deliveries whose
-	// attempts (counted in Postgres) passed MaxDeliver never reached a commit (the
-	// worker kept dying on them, or the handler kept failing): they are only
-	// checked, never claimed, so that a replay of their dead letter can still run
-	// the effect.
-	first := make(map[string]*Delivery, len(ds))
+	// One claim per delivery (key and message): later copies of it in the same
+	// batch are duplicates of the first (or, with another payload, poison).
+	// Deliveries whose attempts (counted in Postgres) passed MaxDeliver never
+	// reached a commit (the worker kept dying on them, or the handler kept
+	// failing): they are only checked, never claimed, so that a replay of their
+	// dead letter can still run the effect.
+	first := make(map[dedupe.ID]*Delivery, len(ds))
 	var claims, checks []dedupe.Claim
 	var repeats []*Delivery
 	for _, d := range ds {
-		if f, ok := first[d.Key]; ok {
+		id := d.id()
+		if f, ok := first[id]; ok {
 			if !bytes.Equal(f.Payload, d.Payload) {
 				res.poison[d] = reasonMismatch
 			} else {
@@ -139,8 +140,8 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 			}
 			continue
 		}
-		first[d.Key] = d
-		cl := dedupe.Claim{Key: d.Key, Payload: d.Payload}
+		first[id] = d
+		cl := dedupe.Claim{Key: id.Key, Message: id.Message, Payload: d.Payload}
 		if attempt[d] > c.cfg.MaxDeliver {
 			checks = append(checks, cl)
 		} else {
@@ -154,10 +155,10 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	verdicts := make(map[string]dedupe.Verdict, len(claims))
+	verdicts := make(map[dedupe.ID]dedupe.Verdict, len(claims))
 	if fs.On(faults.SkipInboxClaim) {
 		for _, cl := range claims {
-			verdicts[cl.Key] = dedupe.Fresh // the negative control: no claim at all
+			verdicts[cl.ID()] = dedupe.Fresh // the negative control: no claim at all
 		}
 	} else if verdicts, err = c.inbox.Claim(ctx, tx, c.cfg.Name, claims, c.cfg.KeyLifetime); err != nil {
 		return res, err
@@ -166,22 +167,23 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 	if err != nil {
 		return res, err
 	}
-	for k, v := range checked {
+	for id, v := range checked {
 		if v == dedupe.Absent {
-			d := first[k]
+			d := first[id]
 			res.poison[d] = fmt.Sprintf("%s: attempted %d times without an outcome (%d deliveries), MaxDeliver is %d",
 				reasonMaxDeliver, attempt[d]-1, d.Deliveries, c.cfg.MaxDeliver)
 			continue
 		}
-		verdicts[k] = v
+		verdicts[id] = v
 	}
 
 	var fresh []*Delivery
 	for _, d := range ds { // delivery order: handlers run in the order messages came
-		if first[d.Key] != d {
+		id := d.id()
+		if first[id] != d {
 			continue
 		}
-		switch verdicts[d.Key] {
+		switch verdicts[id] {
 		case dedupe.Fresh:
 			fresh = append(fresh, d)
 		case dedupe.Duplicate:
@@ -206,11 +208,11 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 			return res, fmt.Errorf("%w: returned %d results for %d deliveries", errHandler, len(results), len(fresh))
 		}
 		if !fs.On(faults.SkipInboxClaim) {
-			byKey := make(map[string][]byte, len(fresh))
+			byID := make(map[dedupe.ID][]byte, len(fresh))
 			for i, d := range fresh {
-				byKey[d.Key] = results[i]
+				byID[d.id()] = results[i]
 			}
-			if err := c.inbox.SetResults(ctx, tx, c.cfg.Name, byKey); err != nil {
+			if err := c.inbox.SetResults(ctx, tx, c.cfg.Name, byID); err != nil {
 				return res, err
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -42,7 +43,10 @@ const (
 // required; the zero value of every other field means its default.
 type Config struct {
 	// Name is the durable JetStream consumer and the inbox's consumer column. Two
-	// workers with the same Name share the work; two names each see every message.
+	// workers of one installation with the same Name share the work; two names each
+	// see every message. A durable belongs to one installation (database and
+	// schema): another installation with the same Name on the same stream is
+	// refused (ErrForeignDurable). No comma.
 	Name string
 	// Stream is the JetStream stream to consume from, e.g. "ORDERS".
 	Stream string
@@ -107,6 +111,15 @@ type Config struct {
 	// 2*MaxBufferedBytes + Concurrency*MaxBatchBytes.
 	MaxBatchBytes int64
 
+	// Start says where a consumer new to the installation starts. StartBackfill
+	// (the default) reads everything the stream holds, and is responsible for
+	// every intent not yet proven settled, so a first deploy that starts producers
+	// before consumers loses nothing. StartNew reads only what is published after
+	// it first registered, and the reconciler expects it to settle only intents
+	// written since. A consumer registered before keeps where it started: the
+	// setting matters only the first time a name runs in an installation.
+	Start StartPolicy
+
 	// Ordered processes deliveries strictly in stream order, one at a time: the
 	// durable consumer gets MaxAckPending 1, so JetStream hands out the next
 	// message only once this one is acked or, as a dead letter, terminated, and
@@ -132,6 +145,17 @@ type Config struct {
 	Observer idem.Observer
 }
 
+// StartPolicy is where a consumer new to the installation starts; see
+// Config.Start.
+type StartPolicy int
+
+const (
+	// StartBackfill reads what the stream holds; the default.
+	StartBackfill StartPolicy = iota
+	// StartNew reads what is published after the consumer first registered.
+	StartNew
+)
+
 func (c Config) validate() error {
 	handlers := 0
 	for _, set := range []bool{c.Handler != nil, c.BatchHandler != nil, c.External != nil} {
@@ -142,6 +166,10 @@ func (c Config) validate() error {
 	switch {
 	case c.Name == "":
 		return errors.New("consumer: Name is required")
+	case strings.Contains(c.Name, ","):
+		return fmt.Errorf("consumer %s: Name must not contain a comma (it separates names in %s)", c.Name, idem.HeaderReplayFor)
+	case c.Start != StartBackfill && c.Start != StartNew:
+		return fmt.Errorf("consumer %s: unknown Start %d", c.Name, c.Start)
 	case c.Stream == "":
 		return fmt.Errorf("consumer %s: Stream is required", c.Name)
 	case c.Subject == "":

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/reconcile"
 )
 
@@ -37,8 +38,8 @@ const (
 	// OutcomeAbandoned: a test fault point abandoned the work as if the worker had
 	// died there.
 	OutcomeAbandoned = "abandoned"
-	// OutcomeSkipped: a dead-letter replay meant for another consumer
-	// (idem.HeaderReplayFor); acked without an effect.
+	// OutcomeSkipped: a copy meant for other consumers (a dead-letter replay or a
+	// re-drive, idem.HeaderReplayFor); acked without an effect.
 	OutcomeSkipped = "skipped"
 )
 
@@ -96,7 +97,9 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, err
 // Config returns the consumer's configuration with defaults filled in.
 func (c *Consumer) Config() Config { return c.cfg }
 
-// JetStreamConfig is the durable consumer this Consumer creates or updates.
+// JetStreamConfig is the durable consumer this Consumer creates or updates, as far
+// as its configuration says: where a new durable starts, and the installation it
+// belongs to, are added when it is bound (see Run).
 func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       c.cfg.Name,
@@ -114,14 +117,21 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // Run consumes until ctx is cancelled, then stops fetching, finishes the work
 // already started (commit or complete, then ack) and returns nil. Messages received
 // but not started are handed straight back to the broker.
+//
+// Before the first message it registers the consumer in the installation (see
+// package reconcile) and binds its durable JetStream consumer: one that belongs to
+// another installation (another database, cluster or schema, as its metadata
+// records) is refused with ErrForeignDurable, since two installations sharing a
+// durable split its messages between their inboxes.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
 	// Stopped while starting (registering, creating the durable consumer): a
 	// stop, not a failure.
-	if err := c.register(ctx); err != nil {
+	b, err := c.register(ctx)
+	if err != nil {
 		return nil
 	}
-	jc, err := c.createDurable(ctx)
+	jc, err := c.createDurable(ctx, b)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -136,7 +146,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		maxBuffered = mp // a smaller pull could never fetch the biggest message
 	}
 	q := newQueue(c.cfg.BatchSize*c.cfg.Concurrency, maxBuffered)
-	f := &fetcher{c: c, q: q, maxBytes: int(maxBuffered)}
+	f := &fetcher{c: c, q: q, maxBytes: int(maxBuffered), binding: b}
 	if err := f.start(ctx, jc); err != nil {
 		return err
 	}
@@ -181,14 +191,112 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
-// createDurable creates or updates the durable consumer. While the stream does not
+// ErrForeignDurable is wrapped by the error of a consumer whose durable JetStream
+// consumer belongs to another installation.
+var ErrForeignDurable = errors.New("consumer: the durable consumer belongs to another installation")
+
+// binding is what the consumer binds its durable consumer with: the installation
+// it belongs to, and where a durable created now starts.
+type binding struct {
+	installation string
+	reg          reconcile.Registration
+	// lastSeq is the stream's last sequence, read before a new consumer
+	// registered: a StartNew consumer's first durable starts after it, so that
+	// every intent written since the registration is delivered to it.
+	lastSeq uint64
+}
+
+// startSkew is how far before its registration a StartNew consumer's recreated
+// durable starts: the stream's clock and the database's may disagree by that
+// much, and an extra older message costs only an effect the consumer was not
+// responsible for (or a duplicate its inbox folds).
+const startSkew = time.Minute
+
+// durableConfig is the configuration to create or update the durable with: the
+// consumer's own, its installation in the metadata, and, for a durable created
+// now, where it starts; an existing durable keeps where it started (JetStream
+// refuses to change that).
+func (c *Consumer) durableConfig(b binding, existing *jetstream.ConsumerInfo) jetstream.ConsumerConfig {
+	cfg := c.JetStreamConfig()
+	cfg.Metadata = map[string]string{installation.MetadataKey: b.installation}
+	switch {
+	case existing != nil:
+		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = existing.Config.DeliverPolicy, existing.Config.OptStartSeq, existing.Config.OptStartTime
+		for k, v := range existing.Config.Metadata {
+			if k != installation.MetadataKey {
+				cfg.Metadata[k] = v
+			}
+		}
+	case b.reg.StartsAt == nil:
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	case b.reg.New:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, b.lastSeq+1
+	default:
+		at := b.reg.StartsAt.Add(-startSkew)
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &at
+	}
+	return cfg
+}
+
+// bind finds or creates the durable consumer and makes it this installation's: one
+// that names another installation is refused; one that names none (made before
+// installations were recorded) is adopted.
+func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, error) {
+	for range 3 {
+		jc, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Name)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			jc, err = c.js.CreateConsumer(ctx, c.cfg.Stream, c.durableConfig(b, nil))
+			if errors.Is(err, jetstream.ErrConsumerExists) {
+				continue // created by another worker meanwhile: bind to it
+			}
+			if err == nil {
+				c.checkRecorded(ctx, jc, b)
+			}
+			return jc, err
+		case err != nil:
+			return nil, err
+		}
+		info := jc.CachedInfo()
+		switch owner := info.Config.Metadata[installation.MetadataKey]; owner {
+		case b.installation:
+		case "":
+			c.log.InfoContext(ctx, "consumer: adopting a durable consumer that names no installation", "stream", c.cfg.Stream, "installation", b.installation)
+		default:
+			return nil, fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s, and this consumer to %s (cluster/database/schema). "+
+				"Two installations on one durable split its messages between their inboxes, and each one's reconciler takes the other's acks for losses. "+
+				"Give this consumer another Name; or, if this database moved here on purpose, stop the old installation's workers and delete the durable "+
+				"(nats consumer rm %s %s): this consumer creates it again and its inbox folds what it re-reads",
+				ErrForeignDurable, c.cfg.Name, c.cfg.Stream, owner, b.installation, c.cfg.Stream, c.cfg.Name)
+		}
+		jc, err = c.js.UpdateConsumer(ctx, c.cfg.Stream, c.durableConfig(b, info))
+		if err == nil {
+			c.checkRecorded(ctx, jc, b)
+		}
+		return jc, err
+	}
+	return nil, fmt.Errorf("consumer %s: the durable consumer kept changing while it was being bound", c.cfg.Name)
+}
+
+// checkRecorded warns when the broker did not keep the installation in the
+// durable's metadata (nats-server before 2.10 drops it): installations sharing
+// a durable cannot be told apart there.
+func (c *Consumer) checkRecorded(ctx context.Context, jc jetstream.Consumer, b binding) {
+	if jc.CachedInfo().Config.Metadata[installation.MetadataKey] != b.installation {
+		c.log.WarnContext(ctx, "consumer: the NATS server does not keep consumer metadata (nats-server 2.10 or later does): "+
+			"another installation using this durable name could not be refused", "stream", c.cfg.Stream)
+	}
+}
+
+// createDurable binds the durable consumer (see bind). While the stream does not
 // exist (it was deleted, and the worker's stream keeper has not recreated it yet)
 // it waits, with Health saying so; any other refusal (a filter outside the
-// stream's subjects, say) is an error. It returns nil, nil when ctx ends first.
-func (c *Consumer) createDurable(ctx context.Context) (jetstream.Consumer, error) {
+// stream's subjects, a durable of another installation) is an error. It returns
+// nil, nil when ctx ends first.
+func (c *Consumer) createDurable(ctx context.Context, b binding) (jetstream.Consumer, error) {
 	failures := 0
 	for {
-		jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
+		jc, err := c.bind(ctx, b)
 		if err == nil {
 			c.setHealth(nil)
 			return jc, nil
@@ -197,6 +305,8 @@ func (c *Consumer) createDurable(ctx context.Context) (jetstream.Consumer, error
 		case errors.Is(err, jetstream.ErrStreamNotFound):
 			c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.cfg.Stream))
 			c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.cfg.Stream)
+		case errors.Is(err, ErrForeignDurable):
+			return nil, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 		case refused(err), failures+1 >= maxCreateFailures:
 			return nil, fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
 		default:
@@ -252,29 +362,65 @@ func (c *Consumer) setHealth(err error) {
 }
 
 // register records the consumer in idem_consumers: which stream and subjects it
-// reads and how long it remembers keys. The reconciler proves an intent complete
-// only when every registered consumer whose filter matches has settled it, so a
-// consumer must be registered before it takes a message; while the database is down
-// it waits. It fails only when ctx ends first.
-func (c *Consumer) register(ctx context.Context) error {
+// reads, how long it remembers keys, and where it starts. The reconciler proves an
+// intent complete only when every registered consumer whose filter matches has
+// settled it, so a consumer must be registered before it takes a message; while
+// the database is down it waits. It fails only when ctx ends first.
+func (c *Consumer) register(ctx context.Context) (binding, error) {
 	wait := 100 * time.Millisecond
 	for {
-		err := reconcile.Register(ctx, c.pool, c.cfg.Schema, reconcile.Consumer{
-			Name: c.cfg.Name, Stream: c.cfg.Stream, FilterSubject: c.cfg.Subject, KeyLifetime: c.cfg.KeyLifetime})
+		b, err := c.registerOnce(ctx)
 		if err == nil {
-			return nil
+			if names := b.reg.LikelyRenamedFrom; len(names) > 0 {
+				c.log.WarnContext(ctx, "consumer: new to this installation, with the stream and filter of consumers not seen lately: if this is a rename, "+
+					"stop this consumer and rename the old one instead (reconcile.Rename; worker consumers rename OLD NEW) so it keeps its inbox; "+
+					"otherwise forget the old ones (reconcile.Forget), or every intent they read waits for them",
+					"not_seen_lately", names)
+			}
+			return b, nil
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return binding{}, ctx.Err()
 		}
 		c.log.WarnContext(ctx, "consumer: cannot register yet; retrying", "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return binding{}, ctx.Err()
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+func (c *Consumer) registerOnce(ctx context.Context) (binding, error) {
+	var b binding
+	var err error
+	if b.installation, err = installation.Of(ctx, c.pool, c.cfg.Schema); err != nil {
+		return b, err
+	}
+	if c.cfg.Start == StartNew {
+		// Read before registering: an intent written after the registration is
+		// published after this sequence.
+		if b.lastSeq, err = c.lastSeq(ctx); err != nil {
+			return b, err
+		}
+	}
+	b.reg, err = reconcile.Register(ctx, c.pool, c.cfg.Schema, reconcile.Consumer{
+		Name: c.cfg.Name, Stream: c.cfg.Stream, FilterSubject: c.cfg.Subject,
+		KeyLifetime: c.cfg.KeyLifetime, Redelivery: c.cfg.RedeliveryHorizon()}, c.cfg.Start == StartNew)
+	return b, err
+}
+
+// lastSeq is the stream's last sequence (0 when it does not exist yet).
+func (c *Consumer) lastSeq(ctx context.Context) (uint64, error) {
+	st, err := c.js.Stream(ctx, c.cfg.Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("consumer %s: stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
+	}
+	return st.CachedInfo().State.LastSeq, nil
 }
 
 // fetcher is the consumer's pull subscription, and what keeps it alive: a durable
@@ -285,6 +431,7 @@ type fetcher struct {
 	c        *Consumer
 	q        *queue
 	maxBytes int
+	binding  binding
 
 	mu sync.Mutex
 	jc jetstream.Consumer
@@ -381,7 +528,7 @@ func (f *fetcher) watch(ctx context.Context) {
 func (f *fetcher) recreate(ctx context.Context) {
 	c := f.c
 	f.stop()
-	jc, err := c.js.CreateOrUpdateConsumer(ctx, c.cfg.Stream, c.JetStreamConfig())
+	jc, err := c.bind(ctx, f.binding)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.setHealth(fmt.Errorf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated: %w", c.cfg.Name, c.cfg.Stream, err))
@@ -394,7 +541,7 @@ func (f *fetcher) recreate(ctx context.Context) {
 		return
 	}
 	c.setHealth(nil)
-	c.log.WarnContext(ctx, "consumer: subscription was stopped (its durable consumer went missing); resumed it on the durable consumer (it delivers again all the stream holds, which the inbox folds; what the stream lost, the reconciler re-drives)", "stream", c.cfg.Stream)
+	c.log.WarnContext(ctx, "consumer: subscription was stopped (its durable consumer went missing); resumed it on the durable consumer (a new one delivers again what the stream holds from the consumer's start, which the inbox folds; what the stream lost, the reconciler re-drives)", "stream", c.cfg.Stream)
 }
 
 // process takes fetched messages from delivery to settlement: decode (poison is
@@ -409,7 +556,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 			c.deadLetter(ctx, d, reason)
 			continue
 		}
-		if target := d.Headers[idem.HeaderReplayFor]; target != "" && target != c.cfg.Name {
+		if !idem.IsReplayFor(d.Headers[idem.HeaderReplayFor], c.cfg.Name) {
 			c.ack(ctx, d)
 			c.observe(OutcomeSkipped, 1, 0)
 			continue

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/otelmsg"
 )
 
@@ -23,7 +24,8 @@ func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
 		seq = &s
 	}
 	fp := sha256.Sum256(d.Payload)
-	tag, err := c.pool.Exec(ctx, c.q.insertDeadLetter, c.cfg.Name, d.Key, d.Subject, headers, d.Payload, reason, d.Deliveries, seq, fp[:], c.cfg.KeyLifetime)
+	message := idem.MessageOf(d.Subject, d.Name)
+	tag, err := c.pool.Exec(ctx, c.q.insertDeadLetter, c.cfg.Name, d.Key, message, d.Subject, headers, d.Payload, reason, d.Deliveries, seq, fp[:], c.cfg.KeyLifetime)
 	if err != nil {
 		c.log.ErrorContext(ctx, "dead letter could not be written; message left for redelivery", "key", d.Key, "reason", reason, "err", err)
 		c.retryLater(d, c.cfg.Backoff(d.Deliveries))

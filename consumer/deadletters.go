@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,9 +19,12 @@ import (
 // DeadLetter is one row of idem_dead_letters: a message that can never succeed as it
 // is, with the reason.
 type DeadLetter struct {
-	ID         int64             `json:"id"`
-	Consumer   string            `json:"consumer"`
-	Key        string            `json:"key"`
+	ID       int64  `json:"id"`
+	Consumer string `json:"consumer"`
+	Key      string `json:"key"`
+	// Message names which message of the intent it is (idem.MessageOf): the
+	// subject, or the subject and the producer's name for it.
+	Message    string            `json:"message"`
 	Subject    string            `json:"subject"`
 	Headers    map[string]string `json:"headers"`
 	Payload    []byte            `json:"payload"`
@@ -29,9 +33,12 @@ type DeadLetter struct {
 	CreatedAt  time.Time         `json:"created_at"`
 	ReplayedAt *time.Time        `json:"replayed_at,omitempty"`
 	// InboxExpiresAt is the replay horizon: when the consumer's inbox may forget
-	// the key. A replay after it could run an effect twice and is refused unless
-	// forced. Nil for dead letters filed before schema v3 (horizon unknown) and for
-	// those the relay filed (outbox.RelayConsumer: never delivered, no horizon).
+	// the delivery. A replay after it could run an effect twice and is refused
+	// unless forced. Nil for dead letters filed before schema v3 (horizon unknown)
+	// and for messages the broker refused (outbox.RelayConsumer: never delivered,
+	// no horizon). A relay's dead letter of a message whose publishes timed out,
+	// which the broker may have stored after all, carries the horizon of the
+	// consumers that read its subject.
 	InboxExpiresAt *time.Time `json:"inbox_expires_at,omitempty"`
 
 	// withinHorizon is InboxExpiresAt > now() by the database's clock when the row
@@ -150,8 +157,9 @@ var ErrReplayRefused = errors.New("replay refused")
 // replay of a message whose effect already happened is still a duplicate, folded
 // by the consumer's inbox — as long as the inbox remembers the key, which is why a
 // replay past the dead letter's horizon (InboxExpiresAt) is refused unless forced.
-// A dead letter the relay filed (outbox.RelayConsumer) never reached the stream:
-// its replay is its first publish, for every consumer, and has no horizon.
+// A replay starts with a fresh attempt count. A dead letter the relay filed
+// (outbox.RelayConsumer) is replayed to every consumer of its subject; one the
+// broker refused never reached the stream, and has no horizon.
 type DeadLetters struct {
 	pool   *pgxpool.Pool
 	q      queries
@@ -343,26 +351,36 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 // together must not share a Nats-Msg-Id.
 func (dl *DeadLetters) republish(ctx context.Context, tx pgx.Tx, d DeadLetter) error {
 	generation := fmt.Sprintf("replay-%d-%d", d.ID, time.Now().UnixNano())
-	if err := dl.outbox.Republish(ctx, tx, generation, d.message()); err != nil {
+	if err := dl.outbox.Republish(ctx, tx, generation, d.replayFor(), d.message()); err != nil {
 		return fmt.Errorf("consumer: replay dead letter %d: %w", d.ID, err)
 	}
 	return nil
 }
 
-// message is what a replay of d publishes: the original subject, key, headers and
-// payload, addressed to the consumer that dead-lettered it.
+// message is what a replay of d publishes: the original subject, key, name,
+// headers and payload.
 func (d DeadLetter) message() idem.Message {
-	headers := make(map[string]string, len(d.Headers)+1)
+	headers := make(map[string]string, len(d.Headers))
 	for k, v := range d.Headers {
-		// The relay sets its own headers afresh; the target is set below.
-		if !idem.SetByRelay(k) && k != idem.HeaderReplayFor {
+		// The relay sets its own headers afresh.
+		if !idem.SetByRelay(k) {
 			headers[k] = v
 		}
 	}
-	if d.Consumer != outbox.RelayConsumer {
-		headers[idem.HeaderReplayFor] = d.Consumer
+	name, _ := strings.CutPrefix(d.Message, d.Subject+" ")
+	if name == d.Message {
+		name = ""
 	}
-	return idem.Message{Key: d.Key, Subject: d.Subject, Headers: headers, Payload: d.Payload}
+	return idem.Message{Key: d.Key, Subject: d.Subject, Name: name, Headers: headers, Payload: d.Payload}
+}
+
+// replayFor is the consumer a replay of d is for: the one that dead-lettered it, or
+// every consumer of the subject for a dead letter the relay filed.
+func (d DeadLetter) replayFor() string {
+	if d.Consumer == outbox.RelayConsumer {
+		return ""
+	}
+	return d.Consumer
 }
 
 // refusal says why d must not be replayed now (wrapping ErrReplayRefused), or nil.
@@ -373,13 +391,16 @@ func (d DeadLetter) refusal(force bool) error {
 	if err := idem.ValidateSubject(d.Subject); err != nil {
 		return fmt.Errorf("%w: subject: %w", ErrReplayRefused, err)
 	}
+	if m := d.message(); idem.MessageOf(m.Subject, m.Name) != d.Message {
+		return fmt.Errorf("%w: message %q is not of subject %s", ErrReplayRefused, d.Message, d.Subject)
+	}
 	for name, v := range d.message().Headers {
 		if err := idem.ValidateHeader(name, v); err != nil {
 			return fmt.Errorf("%w: %w", ErrReplayRefused, err)
 		}
 	}
-	if force || d.Consumer == outbox.RelayConsumer {
-		return nil
+	if force || (d.Consumer == outbox.RelayConsumer && d.InboxExpiresAt == nil) {
+		return nil // forced, or never delivered
 	}
 	switch {
 	case d.withinHorizon == nil:
@@ -424,7 +445,7 @@ func getDeadLetter(ctx context.Context, db queryer, sql string, id int64) (DeadL
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var dl DeadLetter
 	var headers []byte
-	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Key, &dl.Subject, &headers, &dl.Payload, &dl.Reason, &dl.Deliveries, &dl.CreatedAt, &dl.ReplayedAt,
+	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Key, &dl.Message, &dl.Subject, &headers, &dl.Payload, &dl.Reason, &dl.Deliveries, &dl.CreatedAt, &dl.ReplayedAt,
 		&dl.InboxExpiresAt, &dl.withinHorizon)
 	if err == nil && len(headers) > 0 {
 		err = json.Unmarshal(headers, &dl.Headers)

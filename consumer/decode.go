@@ -20,6 +20,7 @@ const (
 	reasonMismatch   = "fingerprint mismatch: this key was first seen with a different payload"
 	reasonPermanent  = "permanent handler error"
 	reasonMaxDeliver = "max deliveries exceeded"
+	reasonBadName    = "malformed " + idem.HeaderMessage
 )
 
 // decode turns a JetStream message into a Delivery, or says why it is poison.
@@ -49,6 +50,10 @@ func decode(m jetstream.Msg) (*Delivery, string) {
 	}
 	if _, _, err := idem.ParseScopedKey(d.Key); err != nil {
 		return d, fmt.Sprintf("%s: %v", reasonBadKey, err)
+	}
+	d.Name = d.Headers[idem.HeaderMessage]
+	if err := idem.ValidateMessageName(d.Name); err != nil {
+		return d, fmt.Sprintf("%s: %v", reasonBadName, err)
 	}
 	return d, ""
 }

@@ -101,7 +101,7 @@ func (c *Consumer) perform(ctx context.Context, d *Delivery) {
 	stopBeat := c.heartbeat(ctx, []*Delivery{d}) // while the database may be down
 	err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() (err error) {
 		sent = time.Now()
-		lr, err = c.inbox.Lease(ctx, c.pool, c.cfg.Name, d.Key, d.Payload, c.cfg.LeaseFor, c.cfg.KeyLifetime)
+		lr, err = c.inbox.Lease(ctx, c.pool, c.cfg.Name, d.id(), d.Payload, c.cfg.LeaseFor, c.cfg.KeyLifetime)
 		return err
 	})
 	stopBeat()
@@ -176,17 +176,21 @@ func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.Lea
 	}
 
 	switch {
+	case err == nil:
+		// The effect happened: record it whenever the token still holds, even if
+		// the fence cancelled Perform late or the lease ran out while the database
+		// stalled. Only a takeover (ErrLeaseLost) stops the record, and then the
+		// new holder performs it again with the same key.
+		c.complete(ctx, d, h, result, time.Since(start))
 	case lost:
 		// Another worker holds the key, or may by the time this one could record
 		// anything: it performs the effect (again, with the same key) and
 		// completes it; this delivery will find it done or busy.
 		c.log.WarnContext(ctx, "lease lost while performing; leaving the key to its next holder", "key", d.Key, "cause", cause, "err", err)
 		c.retryLater(d, c.cfg.LeaseFor)
-	case err != nil:
+	default:
 		c.release(ctx, h)
 		c.fail(ctx, d, attempt, err)
-	default:
-		c.complete(ctx, d, h, result, time.Since(start))
 	}
 }
 
@@ -201,31 +205,34 @@ func chargedAttempts(d *Delivery, lr dedupe.LeaseResult) int {
 	return min(d.Deliveries, lr.Attempt)
 }
 
-// complete records the result and acks. The effect has happened: failing to record
-// it costs a second attempt (with the same key) once the lease expires, so a
-// transient database error is retried a few times first.
+// complete records the result and acks. The effect has happened, so the record is
+// written whenever this worker's token still holds: while the database is down the
+// message is held (heartbeats) and the record tried again. Only a takeover stops
+// it; failing to record costs a second attempt (with the same key) once the lease
+// expires.
 func (c *Consumer) complete(ctx context.Context, d *Delivery, h dedupe.Holder, result []byte, took time.Duration) {
-	var err error
-	for try := range 3 {
-		if try > 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration(try) * 100 * time.Millisecond):
-			}
+	lost := false
+	stopBeat := c.heartbeat(ctx, []*Delivery{d})
+	err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() error {
+		err := c.inbox.CompleteLease(ctx, c.pool, h, result)
+		if errors.Is(err, dedupe.ErrLeaseLost) {
+			lost = true
+			return nil
 		}
-		err = c.inbox.CompleteLease(ctx, c.pool, h, result)
-		if err == nil || errors.Is(err, dedupe.ErrLeaseLost) || ctx.Err() != nil {
-			break
-		}
-	}
+		return err
+	})
+	stopBeat()
 	switch {
-	case err == nil:
+	case err == nil && !lost:
 		c.ack(ctx, d)
 		c.observeProcessed([]*Delivery{d}, took, took, time.Now())
-	case errors.Is(err, dedupe.ErrLeaseLost):
+	case lost:
 		c.log.WarnContext(ctx, "effect performed, but the lease was taken over before completion; the new holder performs it again with the same key",
 			"key", d.Key)
 		c.retryLater(d, c.cfg.LeaseFor)
+	case errors.Is(err, errStopping):
+		c.log.ErrorContext(ctx, "effect performed but not recorded before shutdown (database unavailable); when the lease expires it is performed again with the same key",
+			"key", d.Key)
 	default:
 		c.log.ErrorContext(ctx, "effect performed but not recorded; when the lease expires it is performed again with the same key",
 			"key", d.Key, "err", err)

@@ -10,20 +10,21 @@ const (
 	// sequence 1 does not make a new message collide with an old dead letter.
 	//
 	// inbox_expires_at is the replay horizon: when the consumer's inbox may forget
-	// the key, now plus its KeyLifetime — or sooner, when the inbox already holds
-	// the key (a fingerprint mismatch: that row expires first, and a replay after
+	// the delivery, now plus its KeyLifetime — or sooner, when the inbox already
+	// holds it (a fingerprint mismatch: that row expires first, and a replay after
 	// it would no longer be folded). expires_at stays NULL: retention is the
 	// collector's policy (worker.DefaultDeadLetterRetention after created_at, and
 	// never before inbox_expires_at), so it can change without rewriting rows.
 	sqlInsertDeadLetter = `
-INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason, deliveries, stream_seq, fingerprint, inbox_expires_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9,
-        LEAST(now() + $10::interval, (SELECT expires_at FROM idem_inbox WHERE consumer = $1 AND key = $2)))
+INSERT INTO idem_dead_letters (consumer, key, message, subject, headers, payload, reason, deliveries, stream_seq, fingerprint, inbox_expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+        LEAST(now() + $11::interval,
+              (SELECT min(expires_at) FROM idem_inbox WHERE consumer = $1 AND key = $2 AND message IN ($3, ''))))
 ON CONFLICT (consumer, stream_seq, key, fingerprint) WHERE stream_seq IS NOT NULL DO NOTHING`
 
 	// The last column is the horizon as the database's clock sees it: NULL when
 	// unknown (filed before schema v3), else whether a replay is still safe.
-	sqlDeadLetterCols = `id, consumer, key, subject, headers, payload, reason, deliveries, created_at, replayed_at, inbox_expires_at, inbox_expires_at > now()`
+	sqlDeadLetterCols = `id, consumer, key, message, subject, headers, payload, reason, deliveries, created_at, replayed_at, inbox_expires_at, inbox_expires_at > now()`
 
 	// A Filter, as parameters $1..$6; an empty or NULL parameter selects all.
 	sqlDeadLetterFilter = `
@@ -56,7 +57,13 @@ ORDER BY id LIMIT $8`
 	// turn, never interleaved with the other's mark.
 	sqlGetDeadLetterForUpdate = `SELECT ` + sqlDeadLetterCols + ` FROM idem_dead_letters WHERE id = $1 FOR UPDATE`
 	sqlGetDeadLetter          = `SELECT ` + sqlDeadLetterCols + ` FROM idem_dead_letters WHERE id = $1`
-	sqlMarkReplayed           = `UPDATE idem_dead_letters SET replayed_at = now() WHERE id = ANY($1)`
+	// A replay starts with a fresh attempt count: the one its dead letter used up
+	// would dead-letter it again at its first failure.
+	sqlMarkReplayed = `
+WITH d AS (
+  UPDATE idem_dead_letters SET replayed_at = now() WHERE id = ANY($1) RETURNING consumer, key, message
+)
+DELETE FROM idem_attempts a USING d WHERE a.consumer = d.consumer AND a.key = d.key AND a.message = d.message`
 )
 
 // queries is the SQL of one schema.
@@ -82,18 +89,18 @@ const (
 	// A redelivered attempt starts: count it. No row yet means the attempts before
 	// left no trace: this one is at least the second.
 	sqlAttemptStart = `
-INSERT INTO idem_attempts AS a (consumer, key, attempts, expires_at)
-VALUES ($1, $2, 2, now() + $3::interval)
-ON CONFLICT (consumer, key) DO UPDATE
+INSERT INTO idem_attempts AS a (consumer, key, message, attempts, expires_at)
+VALUES ($1, $2, $3, 2, now() + $4::interval)
+ON CONFLICT (consumer, key, message) DO UPDATE
 SET attempts = a.attempts + 1, updated_at = now(), expires_at = EXCLUDED.expires_at
 RETURNING attempts`
 
 	// A handler failed the current attempt: keep its error; the attempt was counted
 	// when it started (the first one is counted here).
 	sqlAttemptFail = `
-INSERT INTO idem_attempts AS a (consumer, key, attempts, last_error, expires_at)
-VALUES ($1, $2, 1, $3, now() + $4::interval)
-ON CONFLICT (consumer, key) DO UPDATE
+INSERT INTO idem_attempts AS a (consumer, key, message, attempts, last_error, expires_at)
+VALUES ($1, $2, $3, 1, $4, now() + $5::interval)
+ON CONFLICT (consumer, key, message) DO UPDATE
 SET attempts = GREATEST(a.attempts, 1), last_error = EXCLUDED.last_error, updated_at = now(), expires_at = EXCLUDED.expires_at
 RETURNING attempts`
 )

@@ -97,25 +97,38 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Claim is one key to claim, with the payload it arrived with.
+// ID names one delivery within a consumer: the intent (its scoped key) and which of
+// the intent's messages it is (idem.MessageOf: the subject, or the subject and the
+// name the producer gave it). Two messages of one intent are two deliveries; every
+// repeat of one message is the same delivery.
+type ID struct {
+	Key     string
+	Message string
+}
+
+// Claim is one delivery to claim, with the payload it arrived with.
 type Claim struct {
 	Key     string
+	Message string
 	Payload []byte
 }
 
-// Verdict is what the inbox says of one claimed key.
+// ID is the delivery c claims.
+func (c Claim) ID() ID { return ID{Key: c.Key, Message: c.Message} }
+
+// Verdict is what the inbox says of one claimed delivery.
 type Verdict int
 
 const (
-	// Fresh: the key is new; this transaction owns it and must run the effect.
+	// Fresh: the delivery is new; this transaction owns it and must run the effect.
 	Fresh Verdict = iota + 1
-	// Duplicate: the key was claimed before with the same payload; the effect has
-	// happened (or is under way in an external lease). Run nothing.
+	// Duplicate: the delivery was claimed before with the same payload; the effect
+	// has happened (or is under way in an external lease). Run nothing.
 	Duplicate
-	// Mismatch: the key was claimed before with a different payload: a producer
-	// bug, never merged.
+	// Mismatch: the delivery was claimed before with a different payload: a
+	// producer bug, never merged.
 	Mismatch
-	// Absent: (Check only) the inbox does not know the key.
+	// Absent: (Check only) the inbox does not know the delivery.
 	Absent
 )
 
@@ -134,17 +147,18 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("Verdict(%d)", int(v))
 }
 
-// Claim claims keys for consumer inside tx and judges each: Fresh, Duplicate or
-// Mismatch. Claims must not repeat a key (fold repeats inside a batch first).
+// Claim claims deliveries for consumer inside tx and judges each: Fresh, Duplicate
+// or Mismatch. Claims must not repeat a delivery (fold repeats inside a batch
+// first), and must name their message.
 //
-// A fresh key's row is stored as done with a nil result, so the caller's effect and
-// the claim commit together or not at all; SetResults fills results in. Keys are
-// claimed in sorted order so that two workers claiming overlapping batches wait on
-// each other in the same order and cannot deadlock. A key claimed concurrently by
-// an uncommitted transaction makes this one wait for it: exactly one of them sees
-// the key fresh.
-func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim, lifetime time.Duration) (map[string]Verdict, error) {
-	out := make(map[string]Verdict, len(claims))
+// A fresh delivery's row is stored as done with a nil result, so the caller's
+// effect and the claim commit together or not at all; SetResults fills results in.
+// Deliveries are claimed in sorted order so that two workers claiming overlapping
+// batches wait on each other in the same order and cannot deadlock. A delivery
+// claimed concurrently by an uncommitted transaction makes this one wait for it:
+// exactly one of them sees it fresh.
+func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim, lifetime time.Duration) (map[ID]Verdict, error) {
+	out := make(map[ID]Verdict, len(claims))
 	if len(claims) == 0 {
 		return out, nil
 	}
@@ -152,35 +166,44 @@ func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims [
 		lifetime = DefaultLifetime
 	}
 	sorted := slices.Clone(claims)
-	slices.SortFunc(sorted, func(a, b Claim) int { return strings.Compare(a.Key, b.Key) })
+	slices.SortFunc(sorted, func(a, b Claim) int {
+		if c := strings.Compare(a.Key, b.Key); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Message, b.Message)
+	})
 	keys := make([]string, len(sorted))
+	messages := make([]string, len(sorted))
 	fps := make([][]byte, len(sorted))
 	for i, c := range sorted {
-		keys[i], fps[i] = c.Key, fingerprint(c.Payload)
+		if c.Message == "" {
+			return nil, fmt.Errorf("dedupe: claim: key %q names no message", c.Key)
+		}
+		keys[i], messages[i], fps[i] = c.Key, c.Message, fingerprint(c.Payload)
 	}
 	partitioned, err := in.partitioned(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
-	var claimed []string
+	var claimed []ID
 	if partitioned {
-		claimed, err = in.claimPartitioned(ctx, tx, consumer, keys, fps, lifetime)
+		claimed, err = in.claimPartitioned(ctx, tx, consumer, keys, messages, fps, lifetime)
 	} else {
 		var rows pgx.Rows
-		if rows, err = tx.Query(ctx, in.q.claim, consumer, keys, fps, lifetime); err == nil {
-			claimed, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if rows, err = tx.Query(ctx, in.q.claim, consumer, keys, messages, fps, lifetime); err == nil {
+			claimed, err = pgx.CollectRows(rows, scanID)
 		}
 		in.relearnLayout(err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim: %w", err)
 	}
-	for _, k := range claimed {
-		out[k] = Fresh
+	for _, id := range claimed {
+		out[id] = Fresh
 	}
 	var seen []Claim
 	for _, c := range sorted {
-		if out[c.Key] != Fresh {
+		if out[c.ID()] != Fresh {
 			seen = append(seen, c)
 		}
 	}
@@ -189,23 +212,29 @@ func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims [
 		return nil, err
 	}
 	for _, c := range seen {
-		v := judged[c.Key]
+		v := judged[c.ID()]
 		if v == Absent {
 			// Claimed concurrently and then rolled back between our claim and our
 			// look-up. The caller rolls back and the delivery is retried.
-			return nil, fmt.Errorf("dedupe: claim: key %q vanished between claim and look-up", c.Key)
+			return nil, fmt.Errorf("dedupe: claim: key %q, message %q vanished between claim and look-up", c.Key, c.Message)
 		}
-		out[c.Key] = v
+		out[c.ID()] = v
 	}
 	return out, nil
 }
 
-// claimPartitioned claims keys in a partitioned inbox: the keys' advisory locks,
-// then the insert of the keys no partition has, in one round trip.
-func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer string, keys []string, fps [][]byte, lifetime time.Duration) ([]string, error) {
+func scanID(row pgx.CollectableRow) (ID, error) {
+	var id ID
+	err := row.Scan(&id.Key, &id.Message)
+	return id, err
+}
+
+// claimPartitioned claims deliveries in a partitioned inbox: the keys' advisory
+// locks, then the insert of the deliveries no partition has, in one round trip.
+func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer string, keys, messages []string, fps [][]byte, lifetime time.Duration) ([]ID, error) {
 	b := &pgx.Batch{}
 	b.Queue(in.q.claimLock, consumer, keys)
-	b.Queue(in.q.claimPartitioned, consumer, keys, fps, lifetime)
+	b.Queue(in.q.claimPartitioned, consumer, keys, messages, fps, lifetime)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if err := keysLocked(br); err != nil {
@@ -215,7 +244,7 @@ func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer strin
 	if err != nil {
 		return nil, err
 	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	claimed, err := pgx.CollectRows(rows, scanID)
 	if err != nil {
 		return nil, err
 	}
@@ -238,43 +267,43 @@ func keysLocked(br pgx.BatchResults) error {
 	return nil
 }
 
-// Check judges keys without claiming them: Duplicate, Mismatch or Absent.
-func (in *Inbox) Check(ctx context.Context, q Querier, consumer string, claims []Claim) (map[string]Verdict, error) {
-	out := make(map[string]Verdict, len(claims))
+// Check judges deliveries without claiming them: Duplicate, Mismatch or Absent.
+func (in *Inbox) Check(ctx context.Context, q Querier, consumer string, claims []Claim) (map[ID]Verdict, error) {
+	out := make(map[ID]Verdict, len(claims))
 	if len(claims) == 0 {
 		return out, nil
 	}
-	keys := make([]string, len(claims))
+	ids := make([]ID, len(claims))
 	for i, c := range claims {
-		keys[i] = c.Key
+		ids[i] = c.ID()
 	}
-	recs, err := in.Lookup(ctx, q, consumer, keys)
+	recs, err := in.Lookup(ctx, q, consumer, ids)
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range claims {
-		rec, ok := recs[c.Key]
+		rec, ok := recs[c.ID()]
 		switch {
 		case !ok:
-			out[c.Key] = Absent
+			out[c.ID()] = Absent
 		case !rec.Matches(c.Payload):
-			out[c.Key] = Mismatch
+			out[c.ID()] = Mismatch
 		default:
-			out[c.Key] = Duplicate
+			out[c.ID()] = Duplicate
 		}
 	}
 	return out, nil
 }
 
-// SetResults stores the handlers' results for keys claimed fresh in tx. Nil results
-// are skipped: the row already says done.
-func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, results map[string][]byte) error {
+// SetResults stores the handlers' results for deliveries claimed fresh in tx. Nil
+// results are skipped: the row already says done.
+func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, results map[ID][]byte) error {
 	b := &pgx.Batch{}
-	for k, v := range results {
+	for id, v := range results {
 		if v == nil {
 			continue
 		}
-		b.Queue(in.q.setResult, consumer, k, v)
+		b.Queue(in.q.setResult, consumer, id.Key, id.Message, v)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -288,7 +317,7 @@ func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, res
 		}
 		if tag.RowsAffected() != 1 {
 			br.Close()
-			return fmt.Errorf("dedupe: store results: a key was not claimed in this transaction")
+			return fmt.Errorf("dedupe: store results: a delivery was not claimed in this transaction")
 		}
 	}
 	if err := br.Close(); err != nil {
@@ -297,9 +326,12 @@ func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, res
 	return nil
 }
 
-// Record is what the inbox remembers of a key.
+// Record is what the inbox remembers of a delivery.
 type Record struct {
-	Key         string
+	Key string
+	// Message is the row's message: the delivery's own, or "" for a row written
+	// before schema v5, which settles every message of its key.
+	Message     string
 	Fingerprint []byte
 	Status      Status
 	Result      []byte
@@ -321,24 +353,30 @@ const (
 	StatusLeased Status = "leased"
 )
 
-// Matches reports whether payload is what the key was first claimed with.
+// Matches reports whether payload is what the delivery was first claimed with.
 func (r Record) Matches(payload []byte) bool { return bytes.Equal(r.Fingerprint, fingerprint(payload)) }
 
-// Lookup returns the records of keys for consumer; keys absent from the inbox are
-// absent from the map.
-func (in *Inbox) Lookup(ctx context.Context, q Querier, consumer string, keys []string) (map[string]Record, error) {
-	rows, err := q.Query(ctx, in.q.lookup, consumer, keys)
+// Lookup returns the records of deliveries for consumer, keyed by the ID asked
+// for; deliveries the inbox does not know are absent from the map.
+func (in *Inbox) Lookup(ctx context.Context, q Querier, consumer string, ids []ID) (map[ID]Record, error) {
+	keys := make([]string, len(ids))
+	messages := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i], messages[i] = id.Key, id.Message
+	}
+	rows, err := q.Query(ctx, in.q.lookup, consumer, keys, messages)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: lookup: %w", err)
 	}
 	defer rows.Close()
-	out := make(map[string]Record, len(keys))
+	out := make(map[ID]Record, len(ids))
 	for rows.Next() {
-		r, err := scanRecord(rows)
+		var asked ID
+		r, err := scanRecord(rows, &asked.Key, &asked.Message)
 		if err != nil {
 			return nil, fmt.Errorf("dedupe: lookup: %w", err)
 		}
-		out[r.Key] = r
+		out[asked] = r
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("dedupe: lookup: %w", err)
@@ -346,16 +384,18 @@ func (in *Inbox) Lookup(ctx context.Context, q Querier, consumer string, keys []
 	return out, nil
 }
 
-func scanRecord(row pgx.Row) (Record, error) {
+// scanRecord reads a row of sqlLookup: the delivery asked for, then the record.
+func scanRecord(row pgx.Row, askedKey, askedMessage *string) (Record, error) {
 	var (
 		r                Record
 		status           string
 		step             *string
 		lease, completed *time.Time
 	)
-	if err := row.Scan(&r.Key, &r.Fingerprint, &status, &r.Result, &lease, &step, &r.CreatedAt, &completed, &r.ExpiresAt); err != nil {
+	if err := row.Scan(askedKey, askedMessage, &r.Message, &r.Fingerprint, &status, &r.Result, &lease, &step, &r.CreatedAt, &completed, &r.ExpiresAt); err != nil {
 		return Record{}, err
 	}
+	r.Key = *askedKey
 	r.Status = Status(status)
 	if lease != nil {
 		r.LeaseUntil = *lease

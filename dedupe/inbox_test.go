@@ -14,10 +14,22 @@ import (
 
 const claimConsumer = "charges"
 
+// testMessage is the message of every claim that does not say otherwise.
+const testMessage = "test.charge"
+
+// byKey keys verdicts by key alone, for claims of one message each.
+func byKey(vs map[dedupe.ID]dedupe.Verdict) map[string]dedupe.Verdict {
+	out := make(map[string]dedupe.Verdict, len(vs))
+	for id, v := range vs {
+		out[id.Key] = v
+	}
+	return out
+}
+
 // claim runs one Claim in its own transaction and commits it.
 func claim(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claims ...dedupe.Claim) map[string]dedupe.Verdict {
 	t.Helper()
-	var out map[string]dedupe.Verdict
+	var out map[dedupe.ID]dedupe.Verdict
 	err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
 		var err error
 		out, err = in.Claim(context.Background(), tx, consumer, claims, time.Hour)
@@ -26,7 +38,7 @@ func claim(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claim
 	if err != nil {
 		t.Fatalf("Claim: %v", err)
 	}
-	return out
+	return byKey(out)
 }
 
 func check(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claims ...dedupe.Claim) map[string]dedupe.Verdict {
@@ -35,7 +47,7 @@ func check(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claim
 	if err != nil {
 		t.Fatalf("Check: %v", err)
 	}
-	return out
+	return byKey(out)
 }
 
 func wantVerdicts(t *testing.T, what string, got, want map[string]dedupe.Verdict) {
@@ -69,21 +81,21 @@ func TestInboxClaimVerdicts(t *testing.T) {
 			a, b := []byte("payload A"), []byte("payload B")
 
 			wantVerdicts(t, "first claim", claim(t, db, in, claimConsumer,
-				dedupe.Claim{Key: "k2", Payload: a}, dedupe.Claim{Key: "k1", Payload: a}),
+				dedupe.Claim{Key: "k2", Message: testMessage, Payload: a}, dedupe.Claim{Key: "k1", Message: testMessage, Payload: a}),
 				map[string]dedupe.Verdict{"k1": dedupe.Fresh, "k2": dedupe.Fresh})
 			wantVerdicts(t, "second claim", claim(t, db, in, claimConsumer,
-				dedupe.Claim{Key: "k1", Payload: a}, dedupe.Claim{Key: "k2", Payload: b}, dedupe.Claim{Key: "k3", Payload: b}),
+				dedupe.Claim{Key: "k1", Message: testMessage, Payload: a}, dedupe.Claim{Key: "k2", Message: testMessage, Payload: b}, dedupe.Claim{Key: "k3", Message: testMessage, Payload: b}),
 				map[string]dedupe.Verdict{"k1": dedupe.Duplicate, "k2": dedupe.Mismatch, "k3": dedupe.Fresh})
 
 			// Check judges without claiming: k4 stays unknown afterwards.
 			wantVerdicts(t, "check", check(t, db, in, claimConsumer,
-				dedupe.Claim{Key: "k1", Payload: a}, dedupe.Claim{Key: "k2", Payload: b}, dedupe.Claim{Key: "k4", Payload: a}),
+				dedupe.Claim{Key: "k1", Message: testMessage, Payload: a}, dedupe.Claim{Key: "k2", Message: testMessage, Payload: b}, dedupe.Claim{Key: "k4", Message: testMessage, Payload: a}),
 				map[string]dedupe.Verdict{"k1": dedupe.Duplicate, "k2": dedupe.Mismatch, "k4": dedupe.Absent})
-			wantVerdicts(t, "check again", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k4", Payload: a}),
+			wantVerdicts(t, "check again", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k4", Message: testMessage, Payload: a}),
 				map[string]dedupe.Verdict{"k4": dedupe.Absent})
 
 			// Another consumer has its own key space.
-			wantVerdicts(t, "other consumer", claim(t, db, in, "emails", dedupe.Claim{Key: "k1", Payload: b}),
+			wantVerdicts(t, "other consumer", claim(t, db, in, "emails", dedupe.Claim{Key: "k1", Message: testMessage, Payload: b}),
 				map[string]dedupe.Verdict{"k1": dedupe.Fresh})
 
 			// A claim that rolls back (the effect failed) is forgotten with it.
@@ -91,35 +103,35 @@ func TestInboxClaimVerdicts(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k5", Payload: a}}, time.Hour)
+			got, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k5", Message: testMessage, Payload: a}}, time.Hour)
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantVerdicts(t, "claim before rollback", got, map[string]dedupe.Verdict{"k5": dedupe.Fresh})
+			wantVerdicts(t, "claim before rollback", byKey(got), map[string]dedupe.Verdict{"k5": dedupe.Fresh})
 			if err := tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-			wantVerdicts(t, "after rollback", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k5", Payload: a}),
+			wantVerdicts(t, "after rollback", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k5", Message: testMessage, Payload: a}),
 				map[string]dedupe.Verdict{"k5": dedupe.Absent})
 
 			// Results are stored on fresh keys and read back by Lookup.
 			err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-				if _, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k6", Payload: a}}, time.Hour); err != nil {
+				if _, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k6", Message: testMessage, Payload: a}}, time.Hour); err != nil {
 					return err
 				}
-				return in.SetResults(ctx, tx, claimConsumer, map[string][]byte{"k6": []byte(`"first"`)})
+				return in.SetResults(ctx, tx, claimConsumer, map[dedupe.ID][]byte{{Key: "k6", Message: testMessage}: []byte(`"first"`)})
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
-			recs, err := in.Lookup(ctx, db.Pool, claimConsumer, []string{"k6", "k-none"})
+			recs, err := in.Lookup(ctx, db.Pool, claimConsumer, []dedupe.ID{{Key: "k6", Message: testMessage}, {Key: "k-none", Message: testMessage}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if r, ok := recs["k6"]; !ok || string(r.Result) != `"first"` || r.Status != dedupe.StatusDone || !r.Matches(a) || r.Matches(b) {
+			if r, ok := recs[dedupe.ID{Key: "k6", Message: testMessage}]; !ok || string(r.Result) != `"first"` || r.Status != dedupe.StatusDone || !r.Matches(a) || r.Matches(b) {
 				t.Errorf("Lookup(k6) = %+v (found %v), want done with the first result and payload A's fingerprint", r, ok)
 			}
-			if _, ok := recs["k-none"]; ok || len(recs) != 1 {
+			if _, ok := recs[dedupe.ID{Key: "k-none", Message: testMessage}]; ok || len(recs) != 1 {
 				t.Errorf("Lookup returned %d records, want only k6", len(recs))
 			}
 
@@ -150,7 +162,7 @@ func TestInboxSchemaIsQualified(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
-		_, err := public.Claim(context.Background(), tx, claimConsumer, []dedupe.Claim{{Key: "k", Payload: []byte("x")}}, time.Hour)
+		_, err := public.Claim(context.Background(), tx, claimConsumer, []dedupe.Claim{{Key: "k", Message: testMessage, Payload: []byte("x")}}, time.Hour)
 		return err
 	})
 	if err == nil {
@@ -188,7 +200,7 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			cl := []dedupe.Claim{{Key: "k-race", Payload: []byte("x")}}
+			cl := []dedupe.Claim{{Key: "k-race", Message: testMessage, Payload: []byte("x")}}
 
 			first, err := db.Pool.Begin(ctx)
 			if err != nil {
@@ -199,10 +211,10 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantVerdicts(t, "first", got, map[string]dedupe.Verdict{"k-race": dedupe.Fresh})
+			wantVerdicts(t, "first", byKey(got), map[string]dedupe.Verdict{"k-race": dedupe.Fresh})
 
 			type result struct {
-				v   map[string]dedupe.Verdict
+				v   map[dedupe.ID]dedupe.Verdict
 				err error
 			}
 			second := make(chan result, 1)
@@ -237,7 +249,7 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			wantVerdicts(t, "second", r.v, map[string]dedupe.Verdict{"k-race": want})
+			wantVerdicts(t, "second", byKey(r.v), map[string]dedupe.Verdict{"k-race": want})
 			if n := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-race'`); n != 1 {
 				t.Errorf("inbox rows = %d, want 1", n)
 			}

@@ -83,7 +83,10 @@ func (o LeaseOutcome) String() string {
 type Holder struct {
 	Consumer string
 	Key      string
-	Token    string
+	// Message is the leased row's message: the delivery's own, or "" for a row
+	// written before schema v5 (see Record.Message).
+	Message string
+	Token   string
 }
 
 // LeaseResult is the answer of Lease.
@@ -117,19 +120,22 @@ type LeaseResult struct {
 // turn almost always settles it.
 const leaseTries = 5
 
-// Lease claims key for consumer for leaseFor, in its own committed statement; see
-// the outcomes of LeaseOutcome. payload is what the message carries (a key seen
-// with another payload is a LeaseMismatch); lifetime is how long the key is
-// remembered (default DefaultLifetime).
+// Lease claims delivery id for consumer for leaseFor, in its own committed
+// statement; see the outcomes of LeaseOutcome. payload is what the message carries
+// (a delivery seen with another payload is a LeaseMismatch); lifetime is how long
+// the delivery is remembered (default DefaultLifetime).
 //
 // db must not be a transaction that stays open across the effect: other workers
 // learn of the lease only once it commits. Pass a pool.
 //
 // Taking over an expired lease is race-free: of any number of workers that find
 // the same expired lease, exactly one acquires it.
-func (in *Inbox) Lease(ctx context.Context, db Querier, consumer, key string, payload []byte, leaseFor, lifetime time.Duration) (LeaseResult, error) {
+func (in *Inbox) Lease(ctx context.Context, db Querier, consumer string, id ID, payload []byte, leaseFor, lifetime time.Duration) (LeaseResult, error) {
 	if leaseFor <= 0 {
-		return LeaseResult{}, fmt.Errorf("dedupe: lease %q: leaseFor must be positive, got %s", key, leaseFor)
+		return LeaseResult{}, fmt.Errorf("dedupe: lease %q: leaseFor must be positive, got %s", id.Key, leaseFor)
+	}
+	if id.Message == "" {
+		return LeaseResult{}, fmt.Errorf("dedupe: lease %q: the delivery names no message", id.Key)
 	}
 	if lifetime <= 0 {
 		lifetime = DefaultLifetime
@@ -137,38 +143,33 @@ func (in *Inbox) Lease(ctx context.Context, db Querier, consumer, key string, pa
 	fp := fingerprint(payload)
 	for range leaseTries {
 		token := rand.Text()
-		var (
-			attempt int
-			step    *string
-			state   []byte
-			until   time.Time
-		)
-		err := in.acquire(ctx, db, consumer, key, fp, leaseFor, token, lifetime, &attempt, &step, &state, &until)
-		if err == nil {
-			r := LeaseResult{
-				Outcome:   LeaseAcquired,
-				Holder:    Holder{Consumer: consumer, Key: key, Token: token},
-				Attempt:   attempt,
-				StepState: state,
-				Until:     until,
+		acquired := func(row pgx.Row) (LeaseResult, error) {
+			r := LeaseResult{Outcome: LeaseAcquired, Holder: Holder{Consumer: consumer, Key: id.Key, Token: token}}
+			var step *string
+			if err := row.Scan(&r.Holder.Message, &r.Attempt, &step, &r.StepState, &r.Until); err != nil {
+				return LeaseResult{}, err
 			}
 			if step != nil {
 				r.Step = *step
 			}
 			return r, nil
 		}
+		r, err := in.insertLease(ctx, db, consumer, id, fp, leaseFor, token, lifetime, acquired)
+		if err == nil {
+			return r, nil
+		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return LeaseResult{}, fmt.Errorf("dedupe: lease: %w", err)
 		}
 
-		// The row exists and was not ours to take. Find out why.
+		// A row settles the delivery already. Find out what it says.
 		var (
-			status        string
-			had, result   []byte
-			leaseUntil    *time.Time
-			databaseClock time.Time
+			message, status string
+			had, result     []byte
+			leaseUntil      *time.Time
+			databaseClock   time.Time
 		)
-		err = db.QueryRow(ctx, in.q.leaseInspect, consumer, key).Scan(&status, &had, &result, &leaseUntil, &databaseClock)
+		err = db.QueryRow(ctx, in.q.leaseInspect, consumer, id.Key, id.Message).Scan(&message, &status, &had, &result, &leaseUntil, &databaseClock)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // deleted in between (collected): claim it afresh
 		}
@@ -181,64 +182,58 @@ func (in *Inbox) Lease(ctx context.Context, db Querier, consumer, key string, pa
 		case Status(status) == StatusDone:
 			return LeaseResult{Outcome: LeaseDone, Result: result}, nil
 		case Status(status) != StatusLeased:
-			return LeaseResult{}, fmt.Errorf("dedupe: lease %q: unknown inbox status %q", key, status)
+			return LeaseResult{}, fmt.Errorf("dedupe: lease %q: unknown inbox status %q", id.Key, status)
 		case leaseUntil != nil && leaseUntil.After(databaseClock):
 			return LeaseResult{Outcome: LeaseBusy, Until: *leaseUntil, RetryIn: leaseUntil.Sub(databaseClock)}, nil
 		}
-		// Expired between the two statements: go round and take it over.
+		// An expired lease: take it over, unless another worker is quicker.
+		r, err = acquired(db.QueryRow(ctx, in.q.leaseTakeOver, consumer, id.Key, message, fp, leaseFor, token))
+		if err == nil {
+			return r, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return LeaseResult{}, fmt.Errorf("dedupe: lease: take over: %w", err)
+		}
 	}
-	return LeaseResult{}, fmt.Errorf("dedupe: lease %q: the row kept changing under %d attempts", key, leaseTries)
+	return LeaseResult{}, fmt.Errorf("dedupe: lease %q: the row kept changing under %d attempts", id.Key, leaseTries)
 }
 
 // batcher is what a lease on a partitioned inbox needs from db: its key lock and
-// its acquisition go in one pipeline, one implicit transaction.
+// its insert go in one pipeline, one implicit transaction.
 type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// acquire runs one acquisition and scans its row (pgx.ErrNoRows: the key was not
-// free to take).
-func (in *Inbox) acquire(ctx context.Context, db Querier, consumer, key string, fp []byte, leaseFor time.Duration, token string, lifetime time.Duration, dest ...any) error {
+// insertLease inserts the delivery as leased when no row settles it yet, and
+// scans the new row with acquired (pgx.ErrNoRows: a row is in the way).
+func (in *Inbox) insertLease(ctx context.Context, db Querier, consumer string, id ID, fp []byte, leaseFor time.Duration, token string, lifetime time.Duration,
+	acquired func(pgx.Row) (LeaseResult, error)) (LeaseResult, error) {
 	partitioned, err := in.partitioned(ctx, db)
 	if err != nil {
-		return err
+		return LeaseResult{}, err
 	}
 	if !partitioned {
-		err := db.QueryRow(ctx, in.q.leaseAcquire, consumer, key, fp, leaseFor, token, lifetime).Scan(dest...)
+		r, err := acquired(db.QueryRow(ctx, in.q.leaseInsert, consumer, id.Key, id.Message, fp, leaseFor, token, lifetime))
 		in.relearnLayout(err)
-		return err
+		return r, err
 	}
 	bdb, ok := db.(batcher)
 	if !ok {
-		return fmt.Errorf("a lease on a partitioned inbox needs a pool, connection or transaction (SendBatch), not %T", db)
+		return LeaseResult{}, fmt.Errorf("a lease on a partitioned inbox needs a pool, connection or transaction (SendBatch), not %T", db)
 	}
 	b := &pgx.Batch{}
-	b.Queue(in.q.claimLock, consumer, []string{key})
-	b.Queue(in.q.leaseInsert, consumer, key, fp, leaseFor, token, lifetime)
-	b.Queue(in.q.leaseTakeOver, consumer, key, fp, leaseFor, token)
+	b.Queue(in.q.claimLock, consumer, []string{id.Key})
+	b.Queue(in.q.leaseInsertPartitioned, consumer, id.Key, id.Message, fp, leaseFor, token, lifetime)
 	br := bdb.SendBatch(ctx, b)
 	defer br.Close()
 	if err := keysLocked(br); err != nil {
-		return err
+		return LeaseResult{}, err
 	}
-	inserted := br.QueryRow().Scan(dest...)
-	if inserted != nil && !errors.Is(inserted, pgx.ErrNoRows) {
-		return inserted
+	r, err := acquired(br.QueryRow())
+	if err != nil {
+		return LeaseResult{}, err
 	}
-	tookOver := br.QueryRow().Scan(dest...)
-	if inserted == nil {
-		if tookOver == nil {
-			return errors.New("a new lease was also taken over in one acquisition") // cannot happen: see sqlLeaseTakeOver
-		}
-		if !errors.Is(tookOver, pgx.ErrNoRows) {
-			return tookOver
-		}
-		return br.Close()
-	}
-	if tookOver != nil {
-		return tookOver
-	}
-	return br.Close()
+	return r, br.Close()
 }
 
 // ExtendLease pushes the holder's lease to now()+leaseFor and returns the new end.
@@ -246,7 +241,7 @@ func (in *Inbox) acquire(ctx context.Context, db Querier, consumer, key string, 
 // worker mistakes it for dead. ErrLeaseLost means another worker took over.
 func (in *Inbox) ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor time.Duration) (time.Time, error) {
 	var until time.Time
-	err := db.QueryRow(ctx, in.q.leaseExtend, h.Consumer, h.Key, h.Token, leaseFor).Scan(&until)
+	err := db.QueryRow(ctx, in.q.leaseExtend, h.Consumer, h.Key, h.Message, h.Token, leaseFor).Scan(&until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, ErrLeaseLost
 	}
@@ -264,9 +259,11 @@ func (in *Inbox) RecordStep(ctx context.Context, db Querier, h Holder, step stri
 	return holderOnly(ctx, db, "record step", in.q.leaseStep, h, step, state)
 }
 
-// CompleteLease marks the key done with result and clears the lease. Only the
-// holder can complete: ErrLeaseLost means the lease expired and another worker
-// took over (and will perform the effect again, with the same key).
+// CompleteLease marks the delivery done with result and clears the lease. Only
+// the holder can complete, but the holder can complete after its lease ran out as
+// long as nobody took it over: an effect that was performed is recorded whenever it
+// can be. ErrLeaseLost means another worker took over (and will perform the effect
+// again, with the same key).
 func (in *Inbox) CompleteLease(ctx context.Context, db Querier, h Holder, result []byte) error {
 	return holderOnly(ctx, db, "complete lease", in.q.leaseComplete, h, result)
 }
@@ -278,7 +275,7 @@ func (in *Inbox) ReleaseLease(ctx context.Context, db Querier, h Holder) error {
 }
 
 func holderOnly(ctx context.Context, db Querier, what, sql string, h Holder, args ...any) error {
-	tag, err := db.Exec(ctx, sql, append([]any{h.Consumer, h.Key, h.Token}, args...)...)
+	tag, err := db.Exec(ctx, sql, append([]any{h.Consumer, h.Key, h.Message, h.Token}, args...)...)
 	if err != nil {
 		return fmt.Errorf("dedupe: %s: %w", what, err)
 	}

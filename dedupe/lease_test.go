@@ -21,7 +21,7 @@ var inbox, _ = dedupe.New(dedupe.Config{})
 
 func mustLease(t *testing.T, db *pgtest.DB, key string, fp []byte, leaseFor time.Duration) dedupe.LeaseResult {
 	t.Helper()
-	r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, key, fp, leaseFor, time.Hour)
+	r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, dedupe.ID{Key: key, Message: testMessage}, fp, leaseFor, time.Hour)
 	if err != nil {
 		t.Fatalf("Lease(%q): %v", key, err)
 	}
@@ -211,7 +211,7 @@ func leaseRace(t *testing.T, partitioned bool) {
 					lifetime = 7 * 24 * time.Hour
 				}
 				<-start
-				r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, "k-race", fpA, leaseFor, lifetime)
+				r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, dedupe.ID{Key: "k-race", Message: testMessage}, fpA, leaseFor, lifetime)
 				if err != nil {
 					t.Error(err)
 					return
@@ -254,7 +254,7 @@ func leaseRace(t *testing.T, partitioned bool) {
 
 func TestLeaseRejectsNonPositiveLeaseFor(t *testing.T) {
 	t.Parallel()
-	if _, err := inbox.Lease(context.Background(), nil, leaseConsumer, "k", fpA, 0, 0); err == nil {
+	if _, err := inbox.Lease(context.Background(), nil, leaseConsumer, dedupe.ID{Key: "k", Message: testMessage}, fpA, 0, 0); err == nil {
 		t.Fatal("Lease with leaseFor 0: want an error")
 	}
 }

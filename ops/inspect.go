@@ -59,8 +59,11 @@ type Request struct {
 
 // OutboxRow is one message of the key in idem_outbox.
 type OutboxRow struct {
-	ID          int64             `json:"id"`
-	Subject     string            `json:"subject"`
+	ID      int64  `json:"id"`
+	Subject string `json:"subject"`
+	// Message names which message of the intent it is (idem.MessageOf): the
+	// subject, or the subject and the name its producer gave it.
+	Message     string            `json:"message"`
 	MsgID       string            `json:"msg_id"`
 	Headers     map[string]string `json:"headers"`
 	Payload     Bytes             `json:"payload"`
@@ -134,9 +137,12 @@ func (o OutboxRow) Summary() string {
 	return strings.Join(parts, "; ")
 }
 
-// InboxRow is one consumer's claim of the key in idem_inbox.
+// InboxRow is one consumer's claim of one message of the key in idem_inbox.
 type InboxRow struct {
-	Consumer      string     `json:"consumer"`
+	Consumer string `json:"consumer"`
+	// Message is the message claimed (idem.MessageOf), or "" for a row written
+	// before schema v5, which stands for every message of the key.
+	Message       string     `json:"message"`
 	Status        string     `json:"status"` // "done", or "leased" while an external effect is under way
 	Result        Bytes      `json:"result"`
 	Fingerprint   string     `json:"fingerprint"` // hex
@@ -152,6 +158,7 @@ type InboxRow struct {
 type DeadLetter struct {
 	ID         int64      `json:"id"`
 	Consumer   string     `json:"consumer"`
+	Message    string     `json:"message"`
 	Subject    string     `json:"subject"`
 	Reason     string     `json:"reason"`
 	Deliveries int        `json:"deliveries"`
@@ -197,7 +204,7 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 				return fmt.Errorf("ops: inspect: %w", err)
 			}
 			for i := range rep.Outbox {
-				rep.Outbox[i].Deliveries = deliveries(&rep.Outbox[i], consumers, rep.Inbox, rep.DeadLetters)
+				rep.Outbox[i].Deliveries = deliveries(&rep.Outbox[i], consumers, rep.Inbox, rep.DeadLetters, asOf)
 			}
 		}
 		if r.cfg.Effects != nil {
@@ -220,18 +227,21 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 	return rep, nil
 }
 
-// deliveries says, for each consumer that should settle m, whether it has.
-func deliveries(m *OutboxRow, consumers []reconcile.Consumer, inbox []InboxRow, dead []DeadLetter) []Delivery {
+// deliveries says, for each consumer that should settle m, whether it has: by the
+// reconciler's rules, an unexpired inbox row of the message that is done, or a
+// dead letter of the message filed since m was written.
+func deliveries(m *OutboxRow, consumers []reconcile.Consumer, inbox []InboxRow, dead []DeadLetter, asOf time.Time) []Delivery {
 	stream := ""
 	if m.Stream != nil {
 		stream = *m.Stream
 	}
-	expected := reconcile.Expected(consumers, stream, m.Subject, m.Headers[idem.HeaderReplayFor])
+	replayFor := m.Headers[idem.HeaderReplayFor]
+	expected := reconcile.Expected(consumers, stream, m.Subject, replayFor, m.CreatedAt)
 	if stream == "" {
 		// Not published yet (or before schema v4): whoever reads the subject.
 		expected = nil
 		for _, c := range consumers {
-			if idem.SubjectMatches(c.FilterSubject, m.Subject) && (m.Headers[idem.HeaderReplayFor] == "" || c.Name == m.Headers[idem.HeaderReplayFor]) {
+			if idem.SubjectMatches(c.FilterSubject, m.Subject) && idem.IsReplayFor(replayFor, c.Name) {
 				expected = append(expected, c)
 			}
 		}
@@ -240,7 +250,7 @@ func deliveries(m *OutboxRow, consumers []reconcile.Consumer, inbox []InboxRow, 
 	for _, c := range expected {
 		d := Delivery{Consumer: c.Name, State: DeliveryNotYet}
 		for _, in := range inbox {
-			if in.Consumer == c.Name {
+			if in.Consumer == c.Name && (in.Message == m.Message || in.Message == "") && in.ExpiresAt.After(asOf) {
 				d.State = DeliveryConsumed
 				if in.Status != "done" {
 					d.State = DeliveryInProgress
@@ -249,7 +259,7 @@ func deliveries(m *OutboxRow, consumers []reconcile.Consumer, inbox []InboxRow, 
 		}
 		if d.State != DeliveryConsumed {
 			for _, dl := range dead {
-				if dl.Consumer == c.Name {
+				if dl.Consumer == c.Name && dl.Message == m.Message && !dl.CreatedAt.Before(m.CreatedAt) {
 					d.State = DeliveryDeadLettered
 				}
 			}
@@ -269,7 +279,7 @@ func scanRequest(row pgx.CollectableRow) (Request, error) {
 func scanOutbox(row pgx.CollectableRow) (OutboxRow, error) {
 	var o OutboxRow
 	var headers []byte
-	err := row.Scan(&o.ID, &o.Subject, &o.MsgID, &headers, &o.Payload, &o.CreatedAt, &o.PublishedAt,
+	err := row.Scan(&o.ID, &o.Subject, &o.Message, &o.MsgID, &headers, &o.Payload, &o.CreatedAt, &o.PublishedAt,
 		&o.Attempts, &o.LastError, &o.ExpiresAt, &o.Stream, &o.StreamSeq, &o.Generation, &o.CompletedAt, &o.AlertedAt, &o.DeadLetteredAt)
 	if err == nil && len(headers) > 0 {
 		err = json.Unmarshal(headers, &o.Headers)
@@ -279,14 +289,14 @@ func scanOutbox(row pgx.CollectableRow) (OutboxRow, error) {
 
 func scanInbox(row pgx.CollectableRow) (InboxRow, error) {
 	var i InboxRow
-	err := row.Scan(&i.Consumer, &i.Status, &i.Result, &i.Fingerprint, &i.LeaseUntil, &i.LeaseAttempts,
+	err := row.Scan(&i.Consumer, &i.Message, &i.Status, &i.Result, &i.Fingerprint, &i.LeaseUntil, &i.LeaseAttempts,
 		&i.Step, &i.CreatedAt, &i.CompletedAt, &i.ExpiresAt)
 	return i, err
 }
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var d DeadLetter
-	err := row.Scan(&d.ID, &d.Consumer, &d.Subject, &d.Reason, &d.Deliveries, &d.StreamSeq, &d.Payload,
+	err := row.Scan(&d.ID, &d.Consumer, &d.Message, &d.Subject, &d.Reason, &d.Deliveries, &d.StreamSeq, &d.Payload,
 		&d.CreatedAt, &d.ReplayedAt)
 	return d, err
 }

@@ -19,17 +19,18 @@ FROM idem_requests
 WHERE scope = $1 AND key = $2`
 
 	sqlInspectOutbox = `
-SELECT id, subject, msg_id, headers, payload, created_at, published_at, attempts, last_error, expires_at,
+SELECT id, subject, subject || COALESCE(' ' || message_name, ''), msg_id, headers, payload, created_at, published_at, attempts, last_error, expires_at,
        stream, stream_seq, generation, completed_at, alerted_at, dead_lettered_at
 FROM idem_outbox
 WHERE key = $1
 ORDER BY id`
 
-	// The inbox's primary key is (consumer, key): a look-up by key alone would scan
-	// the table. There are few consumers, so walk them with a "loose index scan"
-	// (each step finds the next consumer name with one probe of the primary key)
-	// and probe (consumer, key) for each: a handful of index probes, whatever the
-	// size of the inbox. LIMIT 1 keeps each probe from being flattened into a join.
+	// The inbox's primary key is (consumer, key, message): a look-up by key alone
+	// would scan the table. There are few consumers, so walk them with a "loose
+	// index scan" (each step finds the next consumer name with one probe of the
+	// primary key) and probe (consumer, key) for each: a handful of index probes,
+	// whatever the size of the inbox. One key has a row per message a consumer
+	// read; LIMIT keeps each probe from being flattened into a join.
 	sqlInspectInbox = `
 WITH RECURSIVE consumers(name) AS (
     (SELECT consumer FROM idem_inbox ORDER BY consumer LIMIT 1)
@@ -38,16 +39,16 @@ WITH RECURSIVE consumers(name) AS (
     FROM consumers c
     WHERE c.name IS NOT NULL
 )
-SELECT i.consumer, i.status, i.result, encode(i.fingerprint, 'hex'), i.lease_until, i.lease_attempts,
+SELECT i.consumer, i.message, i.status, i.result, encode(i.fingerprint, 'hex'), i.lease_until, i.lease_attempts,
        i.step, i.created_at, i.completed_at, i.expires_at
 FROM consumers c
 CROSS JOIN LATERAL (
-    SELECT * FROM idem_inbox WHERE consumer = c.name AND key = $1 LIMIT 1
+    SELECT * FROM idem_inbox WHERE consumer = c.name AND key = $1 ORDER BY message LIMIT 1000
 ) AS i
-ORDER BY i.consumer`
+ORDER BY i.consumer, i.message`
 
 	sqlInspectDeadLetters = `
-SELECT id, consumer, subject, reason, deliveries, stream_seq, payload, created_at, replayed_at
+SELECT id, consumer, message, subject, reason, deliveries, stream_seq, payload, created_at, replayed_at
 FROM idem_dead_letters
 WHERE key = $1
 ORDER BY id`

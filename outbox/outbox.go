@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -85,33 +86,50 @@ func New(cfg Config) (*Outbox, error) {
 // commit. The relay is woken by a NOTIFY that Postgres delivers at commit.
 //
 // Each message's Key must be a scoped key (idem.ScopedKey; producer.Intent.Enqueue
-// stamps it for you), its Subject a literal subject under Config.Subjects, and its
-// Payload non-nil. Headers must be valid NATS headers and must not set
-// Idempotency-Key or Nats-Msg-Id: the relay derives both from key and subject, and a
-// caller's own Msg-Id would let the broker fold a different intent into this one.
+// stamps it for you), its Subject a literal subject under Config.Subjects, its Name
+// valid (idem.ValidateMessageName), and its Payload non-nil. One intent's messages
+// on one subject need distinct names, or a consumer folds them into one delivery.
+// Headers must be valid NATS headers and must not set the relay's own
+// (idem.SetByRelay): the relay derives them from the row, and a caller's own Msg-Id
+// would let the broker fold a different intent into this one.
 // Each message gets a producer span (Config.TracerProvider), whose trace context is
 // added to its headers through the global propagator.
 //
 // After an error the transaction is aborted (or the message was refused before any
 // statement ran, in which case nothing was written); roll it back.
 func (o *Outbox) Enqueue(ctx context.Context, tx pgx.Tx, msgs ...idem.Message) error {
-	return o.insert(ctx, tx, msgs, "")
+	return o.insert(ctx, tx, msgs, republish{})
 }
 
-// Republish enqueues msgs again, inside tx, under a new Msg-Id generation: each
-// Nats-Msg-Id becomes idem.MsgID(subject, key) + " " + generation, so the broker's
-// duplicate window does not fold it into the first publish, while every consumer's
-// inbox still folds it by key. It is how a dead letter is replayed. generation must
-// be a non-empty token (no spaces) unique to this republish.
-func (o *Outbox) Republish(ctx context.Context, tx pgx.Tx, generation string, msgs ...idem.Message) error {
+// Republish enqueues msgs again, inside tx, for the one consumer named replayFor
+// (idem.HeaderReplayFor), under a new Msg-Id generation: each Nats-Msg-Id becomes
+// the message's own plus the byte 0x1D and generation, so the broker's duplicate
+// window does not fold it into the first publish, while the consumer's inbox still
+// folds it by key and message. It is how a dead letter is replayed. generation must
+// be a non-empty token (no spaces) unique to this republish; an empty replayFor
+// sends the copy to every consumer of the subject.
+func (o *Outbox) Republish(ctx context.Context, tx pgx.Tx, generation, replayFor string, msgs ...idem.Message) error {
 	if err := idem.ValidateSubject(generation); err != nil {
 		return fmt.Errorf("outbox: republish: generation %q must be a non-empty token without spaces", generation)
 	}
-	return o.insert(ctx, tx, msgs, generation)
+	if strings.Contains(replayFor, ",") {
+		return fmt.Errorf("outbox: republish: consumer name %q contains a comma", replayFor)
+	}
+	return o.insert(ctx, tx, msgs, republish{generation: generation, replayFor: replayFor})
 }
 
-func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, generation string) error {
-	rows, err := o.prepare(ctx, msgs, generation)
+// republish is what a deliberate re-publish adds to a message: its Msg-Id
+// generation and the consumer it is for.
+type republish struct {
+	generation, replayFor string
+}
+
+// generationSep starts a re-publish's generation in its Msg-Id: not printable, so
+// no key, scope or name contains it (see idem.Message.MsgID).
+const generationSep = "\x1d"
+
+func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, again republish) error {
+	rows, err := o.prepare(ctx, msgs, again)
 	if err != nil || rows == nil {
 		return err
 	}
@@ -134,7 +152,7 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, gen
 // committed. A forgotten Wake costs latency (up to RelayConfig.PollInterval), never
 // a message. The producer middleware does all of this for its handlers.
 func (o *Outbox) AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...idem.Message) error {
-	rows, err := o.prepare(ctx, msgs, "")
+	rows, err := o.prepare(ctx, msgs, republish{})
 	if err != nil || rows == nil {
 		return err
 	}
@@ -145,8 +163,8 @@ func (o *Outbox) AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...idem.Mess
 // outboxRows are messages checked and encoded for the enqueue statement, one slice
 // per column.
 type outboxRows struct {
-	keys, subjects, msgIDs, headers []string
-	payloads                        [][]byte
+	keys, subjects, msgIDs, headers, names []string
+	payloads                               [][]byte
 }
 
 // statement is the enqueue statement for r: one VALUES row for one message, or
@@ -160,35 +178,38 @@ func (r *outboxRows) statement(q queries) string {
 
 func (r *outboxRows) args() []any {
 	if len(r.keys) == 1 {
-		return []any{r.keys[0], r.subjects[0], r.msgIDs[0], r.headers[0], r.payloads[0]}
+		return []any{r.keys[0], r.subjects[0], r.msgIDs[0], r.headers[0], r.payloads[0], r.names[0]}
 	}
-	return []any{r.keys, r.subjects, r.msgIDs, r.headers, r.payloads}
+	return []any{r.keys, r.subjects, r.msgIDs, r.headers, r.payloads, r.names}
 }
 
 // prepare checks msgs and encodes them for the enqueue statement (nil when msgs is
 // empty), stamping the caller's trace context into their headers.
-func (o *Outbox) prepare(ctx context.Context, msgs []idem.Message, generation string) (*outboxRows, error) {
+func (o *Outbox) prepare(ctx context.Context, msgs []idem.Message, again republish) (*outboxRows, error) {
 	if len(msgs) == 0 {
 		return nil, nil
 	}
 	r := &outboxRows{
 		keys: make([]string, len(msgs)), subjects: make([]string, len(msgs)), msgIDs: make([]string, len(msgs)),
-		headers: make([]string, len(msgs)), payloads: make([][]byte, len(msgs)),
+		headers: make([]string, len(msgs)), payloads: make([][]byte, len(msgs)), names: make([]string, len(msgs)),
 	}
 	for i, m := range msgs {
 		if err := o.check(m); err != nil {
 			return nil, fmt.Errorf("outbox: enqueue message %d: %w", i, err)
 		}
-		r.keys[i], r.subjects[i], r.msgIDs[i] = m.Key, m.Subject, idem.MsgID(m.Subject, m.Key)
-		if generation != "" {
-			r.msgIDs[i] += " " + generation
+		r.keys[i], r.subjects[i], r.msgIDs[i], r.names[i] = m.Key, m.Subject, m.MsgID(), m.Name
+		if again.generation != "" {
+			r.msgIDs[i] += generationSep + again.generation
 		}
 		h := o.traced(ctx, m, r.msgIDs[i])
+		if again.replayFor != "" {
+			h[idem.HeaderReplayFor] = again.replayFor
+		}
 		hj, err := json.Marshal(h)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: enqueue: encode headers: %w", err)
 		}
-		if size := wireSize(m.Key, r.msgIDs[i], o.cfg.Stream, h, m.Payload); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
+		if size := wireSize(m, r.msgIDs[i], o.cfg.Stream, h); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
 			return nil, fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.cfg.MaxPayload)
 		}
 		r.headers[i], r.payloads[i] = string(hj), m.Payload
@@ -203,6 +224,9 @@ func (o *Outbox) check(m idem.Message) error {
 		return err
 	}
 	if err := idem.ValidateSubject(m.Subject); err != nil {
+		return err
+	}
+	if err := idem.ValidateMessageName(m.Name); err != nil {
 		return err
 	}
 	if len(o.cfg.Subjects) > 0 && !idem.SubjectUnder(o.cfg.Subjects, m.Subject) {
@@ -222,23 +246,26 @@ func (o *Outbox) check(m idem.Message) error {
 	return nil
 }
 
-// wireSize is the message's size as NATS counts it against max_payload: the payload
-// plus the header block the relay will send ("NATS/1.0\r\n", "Name: value\r\n" for
-// every header including Idempotency-Key, Nats-Msg-Id and, when the relay expects a
-// stream, Nats-Expected-Stream, and a final "\r\n").
-func wireSize(key, msgID, stream string, headers map[string]string, payload []byte) int64 {
+// wireSize is m's size as NATS counts it against max_payload: the payload plus the
+// header block the relay will send ("NATS/1.0\r\n", "Name: value\r\n" for every
+// header including the relay's own and, when the relay expects a stream,
+// Nats-Expected-Stream, and a final "\r\n").
+func wireSize(m idem.Message, msgID, stream string, headers map[string]string) int64 {
 	n := len("NATS/1.0\r\n") + len("\r\n")
 	line := func(k, v string) { n += len(k) + len(": ") + len(v) + len("\r\n") }
 	for k, v := range headers {
 		line(k, v)
 	}
-	line(idem.HeaderKey, key)
+	line(idem.HeaderKey, m.Key)
 	line(idem.HeaderMsgID, msgID)
 	line(idem.HeaderEnqueuedAt, enqueuedAtSample)
+	if m.Name != "" {
+		line(idem.HeaderMessage, m.Name)
+	}
 	if stream != "" {
 		line(jetstream.ExpectedStreamHeader, stream)
 	}
-	return int64(n + len(payload))
+	return int64(n + len(m.Payload))
 }
 
 // enqueuedAtLayout formats HeaderEnqueuedAt: UTC, microseconds (Postgres's

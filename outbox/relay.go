@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -36,7 +37,10 @@ const (
 )
 
 // RelayConsumer is the consumer column of the dead letters the relay files: rows of
-// the outbox that never reached the stream.
+// the outbox that the broker refused, or whose publishes kept failing. A refused row
+// never reached the stream, and its dead letter has no replay horizon; a row whose
+// publishes timed out may have been stored after all, and its dead letter carries
+// the shortest key lifetime of the registered consumers that read its subject.
 const RelayConsumer = "(relay)"
 
 // RelayConfig configures a Relay. The zero value of every field means its default.
@@ -309,6 +313,7 @@ type outboxRow struct {
 	payload  []byte
 	attempts int
 	created  time.Time
+	name     string // idem.Message.Name, or empty
 }
 
 // relayBatch claims, publishes and settles one batch. full reports whether the claim
@@ -358,7 +363,11 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 		}
 	}
 	if len(dead.ids) > 0 {
-		if _, err := tx.Exec(ctx, r.q.deadLetter, dead.ids, dead.reasons, r.cfg.Retention, RelayConsumer); err != nil {
+		horizons, err := r.replayHorizons(ctx, tx, batch, dead)
+		if err != nil {
+			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
+		}
+		if _, err := tx.Exec(ctx, r.q.deadLetter, dead.ids, dead.reasons, r.cfg.Retention, RelayConsumer, horizons); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
 		}
 	}
@@ -470,7 +479,7 @@ func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...an
 	}
 	batch, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
 		var o outboxRow
-		err := row.Scan(&o.id, &o.key, &o.subject, &o.msgID, &o.headers, &o.payload, &o.attempts, &o.created)
+		err := row.Scan(&o.id, &o.key, &o.subject, &o.msgID, &o.headers, &o.payload, &o.attempts, &o.created, &o.name)
 		return o, err
 	})
 	if err != nil {
@@ -484,10 +493,59 @@ type settlement struct {
 	ids     []int64
 	reasons []string
 	waits   []time.Duration
+	// stored, for a dead row, says whether the broker may have stored it after
+	// all: its last publish went unanswered rather than refused.
+	stored []bool
 }
 
 func (s *settlement) add(id int64, reason string, wait time.Duration) {
 	s.ids, s.reasons, s.waits = append(s.ids, id), append(s.reasons, reason), append(s.waits, wait)
+	s.stored = append(s.stored, false)
+}
+
+// replayHorizons are, for the dead rows, how long after each row was written a
+// replay of its dead letter is still folded by every consumer that could have read
+// it: nil for a row the broker refused (nobody read it), else the shortest key
+// lifetime of the registered consumers whose filter matches its subject (zero when
+// none is registered: a consumer outside the registry may have read it and
+// forgotten it, so the replay needs an operator's --force).
+func (r *Relay) replayHorizons(ctx context.Context, tx pgx.Tx, batch []outboxRow, dead settlement) ([]*time.Duration, error) {
+	horizons := make([]*time.Duration, len(dead.ids))
+	if !slices.Contains(dead.stored, true) {
+		return horizons, nil
+	}
+	rows, err := tx.Query(ctx, r.q.readers, r.cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("registered consumers: %w", err)
+	}
+	type reader struct {
+		filter   string
+		lifetime float64
+	}
+	readers, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (reader, error) {
+		var rd reader
+		return rd, row.Scan(&rd.filter, &rd.lifetime)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("registered consumers: %w", err)
+	}
+	subjects := make(map[int64]string, len(batch))
+	for _, o := range batch {
+		subjects[o.id] = o.subject
+	}
+	for i, id := range dead.ids {
+		if !dead.stored[i] {
+			continue
+		}
+		h, found := time.Duration(0), false
+		for _, rd := range readers {
+			if l := time.Duration(rd.lifetime * float64(time.Second)); idem.SubjectMatches(rd.filter, subjects[id]) && (!found || l < h) {
+				h, found = l, true
+			}
+		}
+		horizons[i] = &h
+	}
+	return horizons, nil
 }
 
 // judge sorts failed publishes: a row the broker can never take is dead-lettered at
@@ -516,6 +574,7 @@ func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, fai
 			// the time the broker is asked.
 		case o.attempts+1 >= r.cfg.MaxAttempts:
 			dead.add(o.id, fmt.Sprintf("%s (failed %d publishes, MaxAttempts is %d)", reason, o.attempts+1, r.cfg.MaxAttempts), 0)
+			dead.stored[len(dead.stored)-1] = true
 		default:
 			retry.add(o.id, reason, r.cfg.Backoff(o.attempts+1))
 		}
@@ -613,7 +672,8 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, faile
 }
 
 // message is row o as the stream gets it: its stored headers, then the key, the
-// Msg-Id and the enqueue time, which no stored header may override.
+// Msg-Id, the enqueue time and the message's name, which no stored header may
+// override.
 func (r *Relay) message(o outboxRow) (*nats.Msg, error) {
 	msg := nats.NewMsg(o.subject)
 	var extra map[string]string
@@ -628,6 +688,9 @@ func (r *Relay) message(o outboxRow) (*nats.Msg, error) {
 	msg.Header.Set(idem.HeaderKey, o.key)
 	msg.Header.Set(jetstream.MsgIDHeader, o.msgID)
 	msg.Header.Set(idem.HeaderEnqueuedAt, o.created.UTC().Format(enqueuedAtLayout))
+	if o.name != "" {
+		msg.Header.Set(idem.HeaderMessage, o.name)
+	}
 	msg.Data = o.payload
 	return msg, nil
 }

@@ -266,7 +266,7 @@ func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
 		t.Fatalf("stream messages = %d, want 1: the broker folds a plain repeat", got)
 	}
 	for _, gen := range []string{"replay-1", "replay-2"} {
-		if err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error { return ob.Republish(ctx, tx, gen, m) }); err != nil {
+		if err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error { return ob.Republish(ctx, tx, gen, "", m) }); err != nil {
 			t.Fatal(err)
 		}
 		drain(1)
@@ -274,7 +274,7 @@ func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
 	if got := env.StreamMsgs(t, testenv.Stream); got != 3 {
 		t.Fatalf("stream messages = %d, want 3: each republish gets past the duplicate window", got)
 	}
-	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-again' AND msg_id = $1`, idem.MsgID(testenv.Subject, "k-again")+" replay-1"); n != 1 {
+	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-again' AND msg_id = $1`, idem.MsgID(testenv.Subject, "k-again")+"\x1dreplay-1"); n != 1 {
 		t.Errorf("republished row with the generation's Msg-Id = %d, want 1", n)
 	}
 
@@ -291,7 +291,7 @@ func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
 	}
 
 	for _, gen := range []string{"", "two words"} {
-		err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error { return ob.Republish(ctx, tx, gen, m) })
+		err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error { return ob.Republish(ctx, tx, gen, "", m) })
 		if err == nil {
 			t.Errorf("Republish with generation %q accepted", gen)
 		}

@@ -30,12 +30,12 @@ const (
 	// 80–185 µs less per transaction than unnest over one-element arrays
 	// (BENCHMARKS.md, "The ingress's SQL alone").
 	sqlEnqueue = `
-INSERT INTO idem_outbox (key, subject, msg_id, headers, payload)
-SELECT k, s, m, h::jsonb, p
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[]) AS t(k, s, m, h, p)`
+INSERT INTO idem_outbox (key, subject, msg_id, headers, payload, message_name)
+SELECT k, s, m, h::jsonb, p, NULLIF(n, '')
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[], $6::text[]) AS t(k, s, m, h, p, n)`
 	sqlEnqueueOne = `
-INSERT INTO idem_outbox (key, subject, msg_id, headers, payload)
-VALUES ($1, $2, $3, $4::text::jsonb, $5::bytea)`
+INSERT INTO idem_outbox (key, subject, msg_id, headers, payload, message_name)
+VALUES ($1, $2, $3, $4::text::jsonb, $5::bytea, NULLIF($6::text, ''))`
 	sqlNotify = `SELECT pg_notify($1, '')`
 
 	// Claim a batch of pending rows whose backoff has passed, with their sizes (what
@@ -54,7 +54,7 @@ FOR UPDATE SKIP LOCKED`
 
 	// Load the claimed rows that fit in the batch's byte budget.
 	sqlLoad = `
-SELECT id, key, subject, msg_id, headers, payload, attempts, created_at
+SELECT id, key, subject, msg_id, headers, payload, attempts, created_at, COALESCE(message_name, '')
 FROM idem_outbox
 WHERE id = ANY($1::bigint[])
 ORDER BY id`
@@ -90,17 +90,27 @@ WHERE id = t.i`
 
 	// A row that can never be published leaves the queue for the dead letters, with
 	// the broker's reason, in the relay's transaction: never retried forever, never
-	// dropped. The outbox row is kept for its retention, as evidence.
+	// dropped. The outbox row is kept for its retention, as evidence. $5 are the
+	// replay horizons, after each row's creation (Relay.replayHorizons; NULL: none).
 	sqlDeadLetter = `
 WITH d AS (
   UPDATE idem_outbox
   SET attempts = attempts + 1, last_error = t.e, dead_lettered_at = now(), expires_at = now() + $3::interval
-  FROM unnest($1::bigint[], $2::text[]) AS t(i, e)
+  FROM unnest($1::bigint[], $2::text[], $5::interval[]) AS t(i, e, h)
   WHERE id = t.i
-  RETURNING key, subject, headers, payload, attempts, last_error
+  RETURNING key, subject, message_name, headers, payload, attempts, last_error, created_at, t.h
 )
-INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason, deliveries, fingerprint)
-SELECT $4, key, subject, headers, payload, 'relay: ' || last_error, attempts, sha256(payload) FROM d`
+INSERT INTO idem_dead_letters (consumer, key, subject, message, headers, payload, reason, deliveries, fingerprint, inbox_expires_at)
+SELECT $4, key, subject, subject || COALESCE(' ' || message_name, ''), headers, payload, 'relay: ' || last_error, attempts, sha256(payload),
+       created_at + h
+FROM d`
+
+	// The registered consumers of a stream ($1; empty: of any), for the replay
+	// horizon of a dead row that may have been stored.
+	sqlReaders = `
+SELECT filter_subject, EXTRACT(EPOCH FROM key_lifetime)::float8
+FROM idem_consumers
+WHERE $1 = '' OR stream = $1`
 )
 
 // Ordering by key (RelayConfig.OrderedSubjects; ordering.go, docs/ORDERING.md).
@@ -168,15 +178,15 @@ FOR UPDATE`
 
 // queries is the SQL of one schema.
 type queries struct {
-	enqueue, enqueueOne, claim, load, markPublished, markFailed, deadLetter, backlog string
-	claimUnordered, lockOrdered, claimOrdered                                        string
+	enqueue, enqueueOne, claim, load, markPublished, markFailed, deadLetter, backlog, readers string
+	claimUnordered, lockOrdered, claimOrdered                                                 string
 }
 
 func newQueries(schema string) queries {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return queries{
 		enqueue: q(sqlEnqueue), enqueueOne: q(sqlEnqueueOne), claim: q(sqlClaim), load: q(sqlLoad), markPublished: q(sqlMarkPublished),
-		markFailed: q(sqlMarkFailed), deadLetter: q(sqlDeadLetter), backlog: q(sqlBacklog),
+		markFailed: q(sqlMarkFailed), deadLetter: q(sqlDeadLetter), backlog: q(sqlBacklog), readers: q(sqlReaders),
 		claimUnordered: q(sqlClaimUnordered), lockOrdered: q(sqlLockOrdered), claimOrdered: q(sqlClaimOrdered),
 	}
 }

@@ -101,7 +101,7 @@ type spec struct {
 
 func (t Table) spec() spec {
 	if t == Inbox {
-		return spec{key: "expires_at", primaryKey: "consumer, key, expires_at", defaultMax: sqlDefaultMaxInbox, live: sqlLiveInbox}
+		return spec{key: "expires_at", primaryKey: "consumer, key, message, expires_at", defaultMax: sqlDefaultMaxInbox, live: sqlLiveInbox}
 	}
 	return spec{key: "created_at", primaryKey: "id, created_at", defaultMax: sqlDefaultMaxOutbox, live: sqlLiveOutbox}
 }

@@ -59,8 +59,8 @@ func TestConvertInPlace(t *testing.T) {
 			t.Parallel()
 			b := setup(t, schema)
 			q := func(table string) string { return pgx.Identifier{pgtestSchema(schema), table}.Sanitize() }
-			b.exec(t, `INSERT INTO `+q("idem_inbox")+` (consumer, key, fingerprint, status, expires_at)
-			           SELECT 'c', 'old-' || g, '\x00', 'done', now() + interval '1 hour' FROM generate_series(1, 50) g`)
+			b.exec(t, `INSERT INTO `+q("idem_inbox")+` (consumer, key, message, fingerprint, status, expires_at)
+			           SELECT 'c', 'old-' || g, 'test.x', '\x00', 'done', now() + interval '1 hour' FROM generate_series(1, 50) g`)
 			b.exec(t, `INSERT INTO `+q("idem_outbox")+` (key, subject, msg_id, payload)
 			           SELECT 'k' || g, 'test.x', 'm' || g, '\x00' FROM generate_series(1, 20) g`)
 
@@ -127,8 +127,8 @@ func TestConvertInPlace(t *testing.T) {
 			}
 			// A new claim, expiring in 72h, lands in its day's partition.
 			var where string
-			if err := b.db.Pool.QueryRow(b.ctx, `INSERT INTO `+q("idem_inbox")+` (consumer, key, fingerprint, status, expires_at)
-			    VALUES ('c', 'new', '\x00', 'done', now() + interval '72 hours') RETURNING tableoid::regclass::text`).Scan(&where); err != nil {
+			if err := b.db.Pool.QueryRow(b.ctx, `INSERT INTO `+q("idem_inbox")+` (consumer, key, message, fingerprint, status, expires_at)
+			    VALUES ('c', 'new', 'test.x', '\x00', 'done', now() + interval '72 hours') RETURNING tableoid::regclass::text`).Scan(&where); err != nil {
 				t.Fatal(err)
 			}
 			if want := "idem_inbox_p" + now.UTC().Add(72*time.Hour).Format("20060102"); !containsName(where, want) {
@@ -172,8 +172,8 @@ func TestMaintainDropsWhatHasExpiredAndNothingElse(t *testing.T) {
 		return name
 	}
 	inboxOld := past(partition.Inbox, -3)
-	b.exec(t, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-	           SELECT 'c', 'k' || g, '\x00', 'done', $1::timestamptz + g * interval '1 minute' FROM generate_series(1, 100) g`, day(-3))
+	b.exec(t, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	           SELECT 'c', 'k' || g, 'test.x', '\x00', 'done', $1::timestamptz + g * interval '1 minute' FROM generate_series(1, 100) g`, day(-3))
 
 	outboxDone, outboxPending, outboxUnproven := past(partition.Outbox, -4), past(partition.Outbox, -3), past(partition.Outbox, -2)
 	// Published and past retention: collectable.
@@ -238,8 +238,8 @@ func TestTheTableAloneDoesNotEnforceOneRowPerKey(t *testing.T) {
 	if _, err := partition.Maintain(b.ctx, b.db.Pool, partition.Config{KeyLifetime: 8 * partition.Day}); err != nil {
 		t.Fatal(err)
 	}
-	b.exec(t, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at) VALUES ('c', 'k', '\x00', 'done', now() + interval '1 hour')`)
-	b.exec(t, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at) VALUES ('c', 'k', '\x00', 'done', now() + interval '7 days')`)
+	b.exec(t, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at) VALUES ('c', 'k', 'test.x', '\x00', 'done', now() + interval '1 hour')`)
+	b.exec(t, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at) VALUES ('c', 'k', 'test.x', '\x00', 'done', now() + interval '7 days')`)
 	if got := b.db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'c' AND key = 'k'`); got != 2 {
 		t.Fatalf("%d rows for one key; the premise of the key lock is that the table allows 2", got)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/pgschema"
 )
 
@@ -128,6 +130,9 @@ type Reconciler struct {
 	log     *slog.Logger
 	q       queries
 	channel string
+
+	mu      sync.Mutex
+	install string // the installation's name (internal/installation), once known
 }
 
 // New returns a reconciler. It does not touch the database or the broker until
@@ -192,9 +197,15 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	if err != nil {
 		return total, err
 	}
-	s := &streamView{js: r.js, name: r.cfg.Stream}
+	install, err := r.installation(ctx)
+	if err != nil {
+		return total, err
+	}
 	var after int64
 	for {
+		// The stream's state is read afresh for each batch: a row re-published
+		// since the last read must not look beyond the stream's end.
+		s := &streamView{js: r.js, name: r.cfg.Stream, installation: install}
 		rep, last, err := r.batch(ctx, consumers, s, after)
 		total.add(rep)
 		if err != nil {
@@ -217,13 +228,30 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	return total, nil
 }
 
+// installation names the installation this reconciler proves for, asking the
+// database once.
+func (r *Reconciler) installation(ctx context.Context) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.install == "" {
+		name, err := installation.Of(ctx, r.pool, r.cfg.Schema)
+		if err != nil {
+			return "", fmt.Errorf("reconcile: %w", err)
+		}
+		r.install = name
+	}
+	return r.install, nil
+}
+
 // unproven is one row the pass judges.
 type unproven struct {
 	id                int64
 	key, subject      string
+	message           string // idem.MessageOf its subject and name
 	msgID, replayFor  string
 	seq               int64
 	generation        int
+	written           time.Time     // created_at
 	age               time.Duration // since created, by the database's clock
 	due               bool          // published at least After ago
 	lookInStream      bool          // not looked for in the stream for After
@@ -274,13 +302,6 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 			unrouted = append(unrouted, u.id)
 			continue
 		}
-		if past := r.pastHorizon(u); len(past) > 0 {
-			for _, c := range u.missing {
-				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, c.Name), append(alertHorizon, c.KeyLifetime)
-				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: published but never settled by %s before its key lifetime (%s) ran out; a re-drive could run the effect twice", c.Name, c.KeyLifetime))
-			}
-			continue
-		}
 		if !u.lookInStream {
 			continue // looked at lately: still lagging
 		}
@@ -290,6 +311,21 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 		}
 		if !gone {
 			lag = append(lag, u.id)
+			continue
+		}
+		maxAge, known, err := s.maxAge(ctx)
+		if err != nil {
+			return rep, 0, err
+		}
+		if !known {
+			continue // no stream to re-drive to yet: the next pass judges it
+		}
+		if horizon, ok := r.redriveHorizon(u, maxAge); !ok || u.age >= horizon {
+			for _, c := range u.missing {
+				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, c.Name), append(alertHorizon, c.KeyLifetime)
+				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: published but never settled by %s, and lost by the stream (%s); a copy sent now could outlive "+
+					"the key lifetime of a consumer of %s, which would then run the effect twice", c.Name, why, u.subject))
+			}
 			continue
 		}
 		for _, c := range u.missing {
@@ -356,7 +392,7 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unpro
 	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (*unproven, error) {
 		u := &unproven{}
 		var age float64
-		err := row.Scan(&u.id, &u.key, &u.subject, &u.msgID, &u.replayFor, &u.seq, &u.generation, &age, &u.due, &u.lookInStream)
+		err := row.Scan(&u.id, &u.key, &u.subject, &u.message, &u.msgID, &u.replayFor, &u.seq, &u.generation, &u.written, &age, &u.due, &u.lookInStream)
 		u.age = time.Duration(age * float64(time.Second))
 		return u, err
 	})
@@ -369,22 +405,29 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unpro
 // settle fills each row's expected and missing consumers: who should see it, and
 // who has not settled it.
 func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer, rows []*unproven) error {
-	var names, keys []string
+	var names, keys, messages []string
+	var written []time.Time
+	var ids []int64
 	for _, u := range rows {
-		u.expected = Expected(consumers, r.cfg.Stream, u.subject, u.replayFor)
+		u.expected = Expected(consumers, r.cfg.Stream, u.subject, u.replayFor, u.written)
 		for _, c := range u.expected {
-			names, keys = append(names, c.Name), append(keys, u.key)
+			names, keys, messages = append(names, c.Name), append(keys, u.key), append(messages, u.message)
+			written, ids = append(written, u.written), append(ids, u.id)
 		}
 	}
-	settled := map[[2]string]bool{}
+	type pair struct {
+		consumer string
+		id       int64
+	}
+	settled := map[pair]bool{}
 	if len(names) > 0 {
-		rs, err := tx.Query(ctx, r.q.settled, names, keys)
+		rs, err := tx.Query(ctx, r.q.settled, names, keys, messages, written, ids)
 		if err != nil {
 			return fmt.Errorf("reconcile: proof: %w", err)
 		}
-		pairs, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) ([2]string, error) {
-			var p [2]string
-			err := row.Scan(&p[0], &p[1])
+		pairs, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (pair, error) {
+			var p pair
+			err := row.Scan(&p.consumer, &p.id)
 			return p, err
 		})
 		if err != nil {
@@ -396,7 +439,7 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer
 	}
 	for _, u := range rows {
 		for _, c := range u.expected {
-			if !settled[[2]string{c.Name, u.key}] {
+			if !settled[pair{c.Name, u.id}] {
 				u.missing = append(u.missing, c)
 			}
 		}
@@ -404,17 +447,24 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer
 	return nil
 }
 
-// pastHorizon returns the missing consumers whose inbox may already have forgotten
-// the key: re-driving to them could run the effect twice.
-func (r *Reconciler) pastHorizon(u *unproven) []Consumer {
-	var past []Consumer
-	for _, c := range u.missing {
+// redriveHorizon is the age of a row past which a copy of it could outlive the
+// memory of a consumer that reads it: the copy stays in the stream for up to
+// maxAge after it is published, and every consumer expected to see the row —
+// settled ones included, since one that does not honour Idem-Replay-For would run
+// the copy — may forget the key its KeyLifetime after the row was written (less a
+// margin, for the relay's delay). ok is false when no copy is ever safe: the
+// stream keeps messages forever (maxAge 0).
+func (r *Reconciler) redriveHorizon(u *unproven, maxAge time.Duration) (horizon time.Duration, ok bool) {
+	if maxAge <= 0 {
+		return 0, false
+	}
+	for i, c := range u.expected {
 		margin := min(r.cfg.Margin, c.KeyLifetime/4)
-		if u.age >= c.KeyLifetime-margin {
-			past = append(past, c)
+		if h := c.KeyLifetime - maxAge - margin; i == 0 || h < horizon {
+			horizon = h
 		}
 	}
-	return past
+	return horizon, true
 }
 
 func countDistinct(sortedIDs []int64) int {

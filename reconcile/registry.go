@@ -2,7 +2,9 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,17 +21,35 @@ type Consumer struct {
 	// Stream and FilterSubject say which messages it reads.
 	Stream        string `json:"stream"`
 	FilterSubject string `json:"filter_subject"`
-	// KeyLifetime is how long its inbox remembers a key: past it (less a margin) a
-	// lost message is alerted, not re-driven.
+	// KeyLifetime is how long its inbox remembers a key: past it (less a margin and
+	// the stream's MaxAge) a lost message is alerted, not re-driven.
 	KeyLifetime time.Duration `json:"key_lifetime"`
-	// LastSeen is when it last refreshed its registration (about once a minute
-	// while it runs).
-	LastSeen time.Time `json:"last_seen"`
+	// Redelivery is its redelivery horizon (consumer.Config.RedeliveryHorizon), so
+	// the lifetime invariant can be checked for every consumer of the installation;
+	// zero when it registered without one.
+	Redelivery time.Duration `json:"redelivery,omitempty"`
+	// StartsAt is where its responsibility starts: nil for a consumer that
+	// backfills what the stream holds (the default), else when it first
+	// registered; it settles only intents written since.
+	StartsAt *time.Time `json:"starts_at,omitempty"`
+	// RegisteredAt is when it first registered; LastSeen when it last refreshed its
+	// registration (about once a minute while it runs).
+	RegisteredAt time.Time `json:"registered_at"`
+	LastSeen     time.Time `json:"last_seen"`
 }
 
 // Reads reports whether c must settle a message published on subject into stream.
 func (c Consumer) Reads(stream, subject string) bool {
 	return c.Stream == stream && idem.SubjectMatches(c.FilterSubject, subject)
+}
+
+// Expects reports whether c must settle a message on subject in stream whose
+// outbox row was written at written: it reads the message, the message is for it
+// (replayFor, the Idem-Replay-For header: a replay or a re-drive is for the
+// consumers it names, and the others ack it without an effect), and the intent is
+// within c's responsibility (written at or after StartsAt).
+func (c Consumer) Expects(stream, subject, replayFor string, written time.Time) bool {
+	return c.Reads(stream, subject) && idem.IsReplayFor(replayFor, c.Name) && (c.StartsAt == nil || !written.Before(*c.StartsAt))
 }
 
 // Querier is what the read-only functions need of a pool, connection or
@@ -52,9 +72,10 @@ func Registered(ctx context.Context, db Querier, schema string) ([]Consumer, err
 	}
 	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (Consumer, error) {
 		var c Consumer
-		var lifetime float64
-		err := row.Scan(&c.Name, &c.Stream, &c.FilterSubject, &lifetime, &c.LastSeen)
-		c.KeyLifetime = time.Duration(lifetime * float64(time.Second))
+		var lifetime, redelivery float64
+		err := row.Scan(&c.Name, &c.Stream, &c.FilterSubject, &lifetime, &redelivery, &c.RegisteredAt, &c.LastSeen, &c.StartsAt)
+		c.KeyLifetime = seconds(lifetime)
+		c.Redelivery = seconds(redelivery)
 		return c, err
 	})
 	if err != nil {
@@ -63,34 +84,82 @@ func Registered(ctx context.Context, db Querier, schema string) ([]Consumer, err
 	return out, nil
 }
 
-// Expected returns the consumers that must settle a message on subject in stream:
-// every consumer that reads it, or, for a dead-letter replay (replayFor, the
-// Idem-Replay-For header), only the consumer it is for, since the others ack it
-// without an effect.
-func Expected(consumers []Consumer, stream, subject, replayFor string) []Consumer {
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// Expected returns the consumers that must settle a message on subject in stream
+// whose outbox row was written at written (see Consumer.Expects).
+func Expected(consumers []Consumer, stream, subject, replayFor string, written time.Time) []Consumer {
 	var out []Consumer
 	for _, c := range consumers {
-		if c.Reads(stream, subject) && (replayFor == "" || c.Name == replayFor) {
+		if c.Expects(stream, subject, replayFor, written) {
 			out = append(out, c)
 		}
 	}
 	return out
 }
 
+// Registration is what Register did.
+type Registration struct {
+	// Consumer is the entry as registered: a consumer registered before keeps its
+	// StartsAt and RegisteredAt.
+	Consumer
+	// New says this was the name's first registration in the installation.
+	New bool
+	// LikelyRenamedFrom, for a new name, lists registered consumers of the same
+	// stream and filter that have not been seen for a while: a rename, most likely,
+	// which without Rename leaves the old name's inbox behind and the old name
+	// waited for. Empty otherwise.
+	LikelyRenamedFrom []string
+}
+
+// vanishedAfter is how long a registered consumer must have been silent to be
+// taken for one that was renamed (a running one refreshes itself every minute).
+const vanishedAfter = 5 * time.Minute
+
 // Register records c in the registry (or updates its entry): from now on every
-// intent published on a subject c reads waits for c's settlement. consumer.Consumer
-// registers itself when it runs; a consumer built otherwise (the Watermill
-// middleware, a hand-written one over the same inbox) calls Register before it takes
-// its first message. LastSeen is set by the database.
-func Register(ctx context.Context, db Execer, schema string, c Consumer) error {
+// intent published on a subject c reads waits for c's settlement. When c is new to
+// the installation, startNew makes it responsible only for intents written from
+// now on (its StartsAt); otherwise it backfills, responsible for every intent still
+// unproven. An existing entry keeps where it started. consumer.Consumer registers
+// itself when it runs; a consumer built otherwise (the Watermill middleware, a
+// hand-written one over the same inbox) calls Register before it takes its first
+// message. LastSeen is set by the database.
+func Register(ctx context.Context, db Querier, schema string, c Consumer, startNew bool) (Registration, error) {
+	if err := ValidateName(c.Name); err != nil {
+		return Registration{}, err
+	}
 	if err := idem.ValidateFilter(c.FilterSubject); err != nil {
-		return fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+		return Registration{}, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
 	}
-	if c.Name == "" || c.Stream == "" || c.KeyLifetime <= 0 {
-		return fmt.Errorf("reconcile: register: Name, Stream and a positive KeyLifetime are required")
+	if c.Stream == "" || c.KeyLifetime <= 0 || c.Redelivery < 0 {
+		return Registration{}, fmt.Errorf("reconcile: register %s: Stream and a positive KeyLifetime are required", c.Name)
 	}
-	if _, err := db.Exec(ctx, pgschema.Qualify(schema, sqlRegister), c.Name, c.Stream, c.FilterSubject, c.KeyLifetime); err != nil {
-		return fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+	r := Registration{Consumer: c}
+	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlRegister), c.Name, c.Stream, c.FilterSubject, c.KeyLifetime, c.Redelivery, startNew).
+		Scan(&r.New, &r.RegisteredAt, &r.LastSeen, &r.StartsAt)
+	if err != nil {
+		return Registration{}, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+	}
+	if r.New {
+		rs, err := db.Query(ctx, pgschema.Qualify(schema, sqlVanished), c.Stream, c.FilterSubject, c.Name, vanishedAfter)
+		if err == nil {
+			r.LikelyRenamedFrom, err = pgx.CollectRows(rs, pgx.RowTo[string])
+		}
+		if err != nil {
+			return r, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+		}
+	}
+	return r, nil
+}
+
+// ValidateName checks a consumer's name: non-empty, and without a comma, which
+// separates names in idem.HeaderReplayFor.
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("reconcile: a consumer needs a name")
+	case strings.Contains(name, ","):
+		return fmt.Errorf("reconcile: consumer name %q contains a comma, which separates names in %s", name, idem.HeaderReplayFor)
 	}
 	return nil
 }
@@ -112,4 +181,54 @@ func Forget(ctx context.Context, db Execer, schema, name string) (bool, error) {
 		return false, fmt.Errorf("reconcile: forget consumer %s: %w", name, err)
 	}
 	return tag.RowsAffected() > 0, nil
+}
+
+// ErrStillRunning is wrapped by Rename's error when the consumer to rename was
+// seen lately: a consumer must be stopped everywhere before it is renamed.
+var ErrStillRunning = errors.New("reconcile: consumer still running")
+
+// Beginner is what Rename needs of a pool or connection: its own transaction.
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// Rename gives a registered consumer a new name and keeps everything it knows: its
+// inbox rows, attempts and dead letters move to the new name with its registry
+// entry, so the renamed consumer folds what it settled under the old name. Stop
+// every worker running the old name first (a consumer seen within the last five
+// minutes is refused with ErrStillRunning unless force), then deploy the new name.
+// The old name's JetStream durable consumer is not touched: delete it (the
+// reference binary's `worker consumers rename` does); the new name's durable is
+// created when it starts and reads what the stream holds, which the moved inbox
+// folds. It fails if the new name is registered already.
+func Rename(ctx context.Context, db Beginner, schema, from, to string, force bool) error {
+	if err := ValidateName(to); err != nil {
+		return err
+	}
+	if from == to {
+		return fmt.Errorf("reconcile: rename %s: the new name is the old one", from)
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var seenAgo float64
+		err := tx.QueryRow(ctx, pgschema.Qualify(schema, sqlRenameLock), from).Scan(&seenAgo)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("reconcile: rename %s: no such registered consumer", from)
+		}
+		if err != nil {
+			return fmt.Errorf("reconcile: rename %s: %w", from, err)
+		}
+		if ago := seconds(seenAgo); ago < vanishedAfter && !force {
+			return fmt.Errorf("%w: %s was seen %s ago; stop every worker that runs it, then rename it", ErrStillRunning, from, ago.Round(time.Second))
+		}
+		for _, sql := range []string{sqlRenameConsumer, sqlRenameInbox, sqlRenameAttempts, sqlRenameDeadLetters} {
+			if _, err := tx.Exec(ctx, pgschema.Qualify(schema, sql), from, to); err != nil {
+				var pe *pgconn.PgError
+				if errors.As(err, &pe) && pe.Code == "23505" {
+					return fmt.Errorf("reconcile: rename %s to %s: %s is registered already", from, to, to)
+				}
+				return fmt.Errorf("reconcile: rename %s to %s: %w", from, to, err)
+			}
+		}
+		return nil
+	})
 }

@@ -12,7 +12,8 @@ const (
 	//
 	// $1 stream, $2 the last id of the previous batch, $3 ReconcileAfter, $4 batch size.
 	sqlUnproven = `
-SELECT id, key, subject, msg_id, COALESCE(headers->>'Idem-Replay-For', ''), stream_seq, generation,
+SELECT id, key, subject, subject || COALESCE(' ' || message_name, ''), msg_id,
+       COALESCE(headers->>'Idem-Replay-For', ''), stream_seq, generation, created_at,
        EXTRACT(EPOCH FROM now() - created_at)::float8,
        published_at <= now() - $3::interval,
        checked_at IS NULL OR checked_at <= now() - $3::interval
@@ -23,13 +24,22 @@ ORDER BY id
 LIMIT $4
 FOR UPDATE SKIP LOCKED`
 
-	// Which (consumer, key) pairs are settled: an inbox row that is done, or a dead
-	// letter. A lease (an external effect under way) is not a settlement yet.
+	// Which (consumer, row) pairs are settled: an inbox row of the delivery that is
+	// done and not yet expired (a row written before schema v5, message '', settles
+	// every message of its key), or a dead letter of the delivery filed since the
+	// row was written. A lease (an external effect under way) is not a settlement
+	// yet; an expired inbox row is none any more (the consumer may forget it at any
+	// moment); a dead letter older than the row is the one a replay row replays,
+	// and proves nothing about the replay.
+	//
+	// $1 consumers, $2 keys, $3 messages, $4 the rows' creation times, $5 row ids.
 	sqlSettled = `
-SELECT t.c, t.k
-FROM unnest($1::text[], $2::text[]) AS t(c, k)
-WHERE EXISTS (SELECT 1 FROM idem_inbox i WHERE i.consumer = t.c AND i.key = t.k AND i.status = 'done')
-   OR EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = t.k)`
+SELECT t.c, t.i
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[]) AS t(c, k, m, w, i)
+WHERE EXISTS (SELECT 1 FROM idem_inbox n WHERE n.consumer = t.c AND n.key = t.k AND n.message IN (t.m, '')
+                AND n.status = 'done' AND n.expires_at > now())
+   OR EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = t.k AND d.message = t.m
+                AND d.created_at >= t.w)`
 
 	// Complete: every consumer that should see the row has settled it. From now on
 	// the row is evidence only, kept for the retention.
@@ -47,36 +57,53 @@ WHERE id = ANY($1::bigint[])`
 
 	// Re-drive: the row goes back to the relay's queue under a new Msg-Id
 	// generation, so the broker's duplicate window does not fold it into the lost
-	// original while every inbox still folds it by key. The proof is checked again
-	// in the same statement: a consumer that settled the row while the stream was
-	// being looked at must not cause a useless publish. $1/$2 pair each row with a
-	// consumer it was missing. attempts restarts at zero: the relay's failure budget
-	// (MaxAttempts) is per generation, and the publishes of the lost one succeeded.
+	// original, addressed (Idem-Replay-For) to the consumers still missing it only:
+	// one that settled it acks the copy without an effect, even after its inbox
+	// forgot the key. The proof is checked again in the same statement, by the
+	// same rules as sqlSettled: a consumer that settled the row while the stream
+	// was being looked at gets no copy, and a row nobody misses any more is not
+	// published. $1/$2 pair each row with a consumer it was missing. attempts
+	// restarts at zero: the relay's failure budget (MaxAttempts) is per
+	// generation, and the publishes of the lost one succeeded.
+	//
+	// The generation follows the byte 0x1D, which no key contains; a row re-driven
+	// before schema v5 ended in " r<n>" instead, which is stripped once.
 	sqlRedrive = `
 WITH missing AS (
-  SELECT DISTINCT t.i
+  SELECT t.i, string_agg(DISTINCT t.c, ',') AS cs
   FROM unnest($1::bigint[], $2::text[]) AS t(i, c)
   JOIN idem_outbox o ON o.id = t.i
-  WHERE NOT EXISTS (SELECT 1 FROM idem_inbox i WHERE i.consumer = t.c AND i.key = o.key AND i.status = 'done')
-    AND NOT EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = o.key)
+  WHERE NOT EXISTS (SELECT 1 FROM idem_inbox n WHERE n.consumer = t.c AND n.key = o.key
+                      AND n.message IN (o.subject || COALESCE(' ' || o.message_name, ''), '')
+                      AND n.status = 'done' AND n.expires_at > now())
+    AND NOT EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = o.key
+                      AND d.message = o.subject || COALESCE(' ' || o.message_name, '')
+                      AND d.created_at >= o.created_at)
+  GROUP BY t.i
 )
 UPDATE idem_outbox o
 SET published_at = NULL, stream = NULL, stream_seq = NULL, next_attempt_at = NULL,
     generation = o.generation + 1, attempts = 0,
-    msg_id = regexp_replace(o.msg_id, ' r[0-9]+$', '') || ' r' || (o.generation + 1),
+    msg_id = CASE WHEN o.generation > 0 AND position(chr(29) IN o.msg_id) = 0
+                  THEN regexp_replace(o.msg_id, ' r[0-9]+$', '')
+                  ELSE regexp_replace(o.msg_id, chr(29) || 'r[0-9]+$', '')
+             END || chr(29) || 'r' || (o.generation + 1),
+    headers = o.headers || jsonb_build_object('Idem-Replay-For', missing.cs),
     reconciled = 'redriven', checked_at = now(), last_error = $3
 FROM missing
 WHERE o.id = missing.i
 RETURNING o.id`
+
 	sqlNotify = `SELECT pg_notify($1, '')`
 
 	// Past every horizon: the row is given up on, and each consumer that never
 	// settled it gets a dead letter saying so, where operators already look. The
 	// dead letter's replay horizon is the one that ran out (now, at the latest), so
-	// a replay needs --force, knowingly. A row nobody read has no horizon (a zero
-	// interval): no inbox can have forgotten it, and a replay is safe. $1/$2 pair
-	// rows with consumers, $3 the reasons, $4 the horizons (as intervals after the
-	// row's creation), $5 retention.
+	// a replay needs --force, knowingly. A row no registered consumer reads gets a
+	// zero horizon, passed at once: it was published, and a consumer outside the
+	// registry may have run it and forgotten its key. $1/$2 pair rows with
+	// consumers, $3 the reasons, $4 the horizons (as intervals after the row's
+	// creation), $5 retention.
 	sqlAlert = `
 WITH t AS (
   SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::interval[]) AS t(i, c, r, h)
@@ -84,26 +111,43 @@ WITH t AS (
   UPDATE idem_outbox o
   SET alerted_at = now(), reconciled = 'alert', expires_at = now() + $5::interval
   WHERE o.id IN (SELECT i FROM t)
-  RETURNING o.id, o.key, o.subject, o.headers, o.payload, o.attempts, o.created_at
+  RETURNING o.id, o.key, o.subject, o.message_name, o.headers, o.payload, o.attempts, o.created_at
 )
-INSERT INTO idem_dead_letters (consumer, key, subject, headers, payload, reason, deliveries, fingerprint, inbox_expires_at)
-SELECT t.c, a.key, a.subject, a.headers, a.payload, t.r, 0, sha256(a.payload),
-       CASE WHEN t.h > '0'::interval THEN LEAST(now(), a.created_at + t.h) END
+INSERT INTO idem_dead_letters (consumer, key, subject, message, headers, payload, reason, deliveries, fingerprint, inbox_expires_at)
+SELECT t.c, a.key, a.subject, a.subject || COALESCE(' ' || a.message_name, ''), a.headers, a.payload, t.r, 0, sha256(a.payload),
+       LEAST(now(), a.created_at + t.h)
 FROM a JOIN t ON t.i = a.id`
 
 	// The registry of consumers, as they registered at start.
 	sqlRegistered = `
-SELECT name, stream, filter_subject, EXTRACT(EPOCH FROM key_lifetime)::float8, last_seen_at
+SELECT name, stream, filter_subject, EXTRACT(EPOCH FROM key_lifetime)::float8, EXTRACT(EPOCH FROM redelivery)::float8,
+       registered_at, last_seen_at, starts_at
 FROM idem_consumers
 ORDER BY name`
-	sqlForget   = `DELETE FROM idem_consumers WHERE name = $1`
+	sqlForget = `DELETE FROM idem_consumers WHERE name = $1`
+	// A new entry starts now ($6) or backfills (NULL); an existing one keeps its
+	// start. xmax is 0 on a row this statement inserted.
 	sqlRegister = `
-INSERT INTO idem_consumers (name, stream, filter_subject, key_lifetime)
-VALUES ($1, $2, $3, $4)
+INSERT INTO idem_consumers (name, stream, filter_subject, key_lifetime, redelivery, starts_at)
+VALUES ($1, $2, $3, $4, $5, CASE WHEN $6::boolean THEN now() END)
 ON CONFLICT (name) DO UPDATE
 SET stream = EXCLUDED.stream, filter_subject = EXCLUDED.filter_subject,
-    key_lifetime = EXCLUDED.key_lifetime, last_seen_at = now()`
-	sqlSeen = `UPDATE idem_consumers SET last_seen_at = now() WHERE name = $1`
+    key_lifetime = EXCLUDED.key_lifetime, redelivery = EXCLUDED.redelivery, last_seen_at = now()
+RETURNING xmax = 0, registered_at, last_seen_at, starts_at`
+	// Other consumers of the same stream and filter, silent for $4.
+	sqlVanished = `
+SELECT name FROM idem_consumers
+WHERE stream = $1 AND filter_subject = $2 AND name <> $3 AND last_seen_at < now() - $4::interval
+ORDER BY name`
+
+	// A rename, in one transaction: the registry entry (locked first), then every
+	// row that names the consumer.
+	sqlRenameLock        = `SELECT EXTRACT(EPOCH FROM now() - last_seen_at)::float8 FROM idem_consumers WHERE name = $1 FOR UPDATE`
+	sqlRenameConsumer    = `UPDATE idem_consumers SET name = $2 WHERE name = $1`
+	sqlRenameInbox       = `UPDATE idem_inbox SET consumer = $2 WHERE consumer = $1`
+	sqlRenameAttempts    = `UPDATE idem_attempts SET consumer = $2 WHERE consumer = $1`
+	sqlRenameDeadLetters = `UPDATE idem_dead_letters SET consumer = $2 WHERE consumer = $1`
+	sqlSeen              = `UPDATE idem_consumers SET last_seen_at = now() WHERE name = $1`
 
 	// The reconciler's queue at one moment. Each count reads a partial index, so a
 	// scrape stays cheap however many completed rows the outbox keeps.

@@ -1,6 +1,7 @@
 package idemwatermill
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/dedupe"
 )
 
 // keyOf returns the scoped idempotency key a message carries in its metadata:
@@ -30,6 +32,25 @@ func keyOf(md message.Metadata) (string, error) {
 		scope = s
 	}
 	return idem.ScopedKey(scope, key), nil
+}
+
+// deliveryOf names a message in the inbox: its scoped key and which of the intent's
+// messages it is, its topic (the NATS subject) and the name its producer gave it
+// (idem.HeaderMessage). A message handled outside a router has no topic in its
+// context: its name alone, or "-", tells it apart then.
+func deliveryOf(ctx context.Context, key string, md message.Metadata) (dedupe.ID, error) {
+	name := md.Get(idem.HeaderMessage)
+	if err := idem.ValidateMessageName(name); err != nil {
+		return dedupe.ID{}, Permanent(fmt.Errorf("%s metadata: %w", idem.HeaderMessage, err))
+	}
+	id := dedupe.ID{Key: key, Message: name}
+	switch topic := message.SubscribeTopicFromCtx(ctx); {
+	case topic != "":
+		id.Message = idem.MessageOf(topic, name)
+	case name == "":
+		id.Message = "-"
+	}
+	return id, nil
 }
 
 // DerivedKey is the idempotency key of the i-th message a handler produced for the

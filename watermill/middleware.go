@@ -86,6 +86,17 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 		return nil, fmt.Errorf("idemwatermill: message %s: %w", msg.UUID, err)
 	}
 	log = log.With("key", key)
+	if !idem.IsReplayFor(msg.Metadata.Get(idem.HeaderReplayFor), in.cfg.Consumer) {
+		// A copy for other consumers (a dead-letter replay, a re-drive): this one
+		// settled the message already, and its inbox may have forgotten the key.
+		log.DebugContext(ctx, "copy for other consumers skipped", "for", msg.Metadata.Get(idem.HeaderReplayFor))
+		return nil, nil
+	}
+	id, err := deliveryOf(ctx, key, msg.Metadata)
+	if err != nil {
+		log.WarnContext(ctx, "message rejected", "err", err)
+		return nil, fmt.Errorf("idemwatermill: message %s: %w", msg.UUID, err)
+	}
 
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
@@ -99,11 +110,11 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 	// consumer. A key whose concurrent first claim rolled back between the two
 	// steps is an error here: the router nacks and the redelivery claims it afresh.
 	verdicts, err := in.inbox.Claim(ctx, tx, in.cfg.Consumer,
-		[]dedupe.Claim{{Key: key, Payload: msg.Payload}}, in.cfg.KeyLifetime)
+		[]dedupe.Claim{{Key: id.Key, Message: id.Message, Payload: msg.Payload}}, in.cfg.KeyLifetime)
 	if err != nil {
 		return nil, fmt.Errorf("idemwatermill: %w", err)
 	}
-	switch v := verdicts[key]; v {
+	switch v := verdicts[id]; v {
 	case dedupe.Fresh:
 	case dedupe.Duplicate:
 		log.DebugContext(ctx, "duplicate folded")

@@ -173,7 +173,7 @@ func TestUserTopologyThroughTheCompositionRoot(t *testing.T) {
 	// A relay re-publish outside the broker's duplicate window: a new Msg-Id, the
 	// same key. The inbox folds it.
 	err := pgx.BeginFunc(context.Background(), o.env.DB.Pool, func(tx pgx.Tx) error {
-		return o.w.Outbox().Republish(context.Background(), tx, "test-1",
+		return o.w.Outbox().Republish(context.Background(), tx, "test-1", "",
 			idem.Message{Key: k1, Subject: "orders.created", Payload: []byte(`{"item":"teapot"}`)})
 	})
 	if err != nil {

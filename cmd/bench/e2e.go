@@ -230,7 +230,7 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 				// inbox claim, not inside one batch. Enqueue refuses a caller's own
 				// Msg-Id; Republish gives the copies a Msg-Id generation of their own,
 				// in one statement.
-				if err := env.Outbox.Republish(runCtx, tx, dupGeneration, msgs...); err != nil {
+				if err := env.Outbox.Republish(runCtx, tx, dupGeneration, "", msgs...); err != nil {
 					return err
 				}
 			}

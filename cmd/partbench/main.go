@@ -408,15 +408,16 @@ func (s *scratch) claims(ctx context.Context, n int, tag string) (p50, p99 float
 		}
 		key := fmt.Sprintf("claim-%s-%d", tag, i)
 		t0 := time.Now()
-		v, err := s.inbox.Claim(ctx, tx, "bench", []dedupe.Claim{{Key: key, Payload: []byte(key)}}, time.Hour)
+		id := dedupe.ID{Key: key, Message: "bench.claim"}
+		v, err := s.inbox.Claim(ctx, tx, "bench", []dedupe.Claim{{Key: key, Message: id.Message, Payload: []byte(key)}}, time.Hour)
 		lat = append(lat, time.Since(t0))
 		if err != nil {
 			tx.Rollback(ctx) //nolint:errcheck
 			return 0, 0, err
 		}
-		if v[key] != dedupe.Fresh {
+		if v[id] != dedupe.Fresh {
 			tx.Rollback(ctx) //nolint:errcheck
-			return 0, 0, fmt.Errorf("claim %s: %s, want fresh", key, v[key])
+			return 0, 0, fmt.Errorf("claim %s: %s, want fresh", key, v[id])
 		}
 		if err := tx.Commit(ctx); err != nil {
 			return 0, 0, err
