@@ -214,3 +214,36 @@ func TestValidateHeader(t *testing.T) {
 		}
 	}
 }
+
+// A delivery's message is its subject, or its subject and name; the Msg-Id of a
+// named message differs from the unnamed one's and from every other name's.
+func TestMessageIdentity(t *testing.T) {
+	unnamed := idem.Message{Key: "k", Subject: "orders.line"}
+	one, two := unnamed, unnamed
+	one.Name, two.Name = "line-1", "line-2"
+	if got := idem.MessageOf(unnamed.Subject, unnamed.Name); got != "orders.line" {
+		t.Errorf("MessageOf unnamed = %q", got)
+	}
+	if got := idem.MessageOf(one.Subject, one.Name); got != "orders.line line-1" {
+		t.Errorf("MessageOf named = %q", got)
+	}
+	ids := map[string]bool{unnamed.MsgID(): true, one.MsgID(): true, two.MsgID(): true}
+	if len(ids) != 3 || unnamed.MsgID() != idem.MsgID("orders.line", "k") {
+		t.Errorf("Msg-Ids %q, %q, %q: want three, the unnamed one unchanged", unnamed.MsgID(), one.MsgID(), two.MsgID())
+	}
+	for _, bad := range []string{"a b", "a\x1eb", strings.Repeat("x", idem.MaxMessageNameLen+1)} {
+		if idem.ValidateMessageName(bad) == nil {
+			t.Errorf("ValidateMessageName(%q) accepted", bad)
+		}
+	}
+	for value, want := range map[string]bool{"": true, "charges": true, "emails,charges": true, "emails": false, "charges-x": false} {
+		if got := idem.IsReplayFor(value, "charges"); got != want {
+			t.Errorf("IsReplayFor(%q, charges) = %v, want %v", value, got, want)
+		}
+	}
+	for _, h := range []string{idem.HeaderKey, idem.HeaderMsgID, idem.HeaderEnqueuedAt, idem.HeaderMessage, idem.HeaderReplayFor} {
+		if !idem.SetByRelay(h) {
+			t.Errorf("SetByRelay(%s) = false", h)
+		}
+	}
+}

@@ -406,6 +406,10 @@ func (d DeadLetter) refusal(force bool) error {
 	case d.withinHorizon == nil:
 		return fmt.Errorf("%w: replay horizon unknown (filed before schema v3): the inbox of consumer %s may have forgotten key %q, "+
 			"so a replay could run its effect twice; force it only if the effect never ran", ErrReplayRefused, d.Consumer, d.Key)
+	case !*d.withinHorizon && d.Consumer == outbox.RelayConsumer:
+		return fmt.Errorf("%w: past its replay horizon: it may have reached the stream, and a consumer of %s may have run it and forgotten key %q since %s, "+
+			"so a replay could run its effect twice; force it only if no consumer ran it",
+			ErrReplayRefused, d.Subject, d.Key, d.InboxExpiresAt.UTC().Format(time.RFC3339))
 	case !*d.withinHorizon:
 		return fmt.Errorf("%w: past its replay horizon: the inbox of consumer %s may have forgotten key %q since %s, "+
 			"so a replay could run its effect twice; force it only if the effect never ran",

@@ -345,3 +345,55 @@ func TestBatchesAreBoundedByBytes(t *testing.T) {
 		t.Fatalf("a batch held %d payload bytes, MaxBatchBytes is %d", n, 300<<10)
 	}
 }
+
+// A performed effect is recorded even when the lease's safety timer cancelled it
+// while the database stalled: nobody took the key over, so the holder's token still
+// holds, and the completion is written once the database answers. Recording nothing
+// would let the next delivery take the expired lease over and perform the effect a
+// second time.
+func TestPerformedEffectIsRecordedAfterTheFenceFired(t *testing.T) {
+	b := setup(t)
+	stalledDB, dbProxy := proxiedPool(t, b.env)
+	t.Cleanup(dbProxy.Resume)
+	var log effectLog
+	cancelled := make(chan error, 4)
+	h := consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
+		log.record(e)
+		if len(log.of(e.Key)) == 1 {
+			dbProxy.Pause() // the database stalls once the effect has happened
+			<-ctx.Done()    // no extension gets through: the fence cancels Perform
+			cancelled <- context.Cause(ctx)
+		}
+		return []byte(`"sent"`), nil // the effect did happen
+	})
+	cfg := b.extConfig(h)
+	cfg.LeaseFor, cfg.AckWait = time.Second, 10*time.Second
+	c, err := consumer.New(stalledDB, b.env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Go(t, "worker", c.Run)
+	b.env.Publish(t, testenv.Subject, "k-fenced", "m1", payload(1))
+	select {
+	case cause := <-cancelled:
+		if cause == nil || !strings.Contains(cause.Error(), "lease") {
+			t.Fatalf("Perform cancelled with %v, want the lease running out", cause)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fence never cancelled Perform")
+	}
+	// The lease has run out by the database's clock before the database answers.
+	testenv.Eventually(t, 10*time.Second, "the lease expired", func() bool {
+		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-fenced' AND lease_until < now()`) == 1
+	})
+	dbProxy.Resume()
+
+	drained := b.env.Drained(t, extName)
+	testenv.Eventually(t, 45*time.Second, "recorded and acked", func() bool {
+		status, _, _ := inboxRow(t, b, "k-fenced")
+		return status == "done" && drained()
+	})
+	if n := log.count("k-fenced"); n != 1 {
+		t.Fatalf("performs = %d, want 1: the performed effect was not recorded, and was performed again", n)
+	}
+}

@@ -110,7 +110,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if n := b.env.StreamMsgs(t, testenv.Stream); n != 3 {
 		t.Errorf("stream messages = %d, want 3 (each replay under its own Msg-Id)", n)
 	}
-	if n := b.env.DB.Count(t, `SELECT count(DISTINCT msg_id) FROM idem_outbox WHERE key = 'k-replay' AND msg_id LIKE $1 || ' %'`, idem.MsgID(testenv.Subject, "k-replay")); n != 2 {
+	if n := b.env.DB.Count(t, `SELECT count(DISTINCT msg_id) FROM idem_outbox WHERE key = 'k-replay' AND msg_id LIKE $1 || chr(29) || 'replay-%'`, idem.MsgID(testenv.Subject, "k-replay")); n != 2 {
 		t.Errorf("distinct replay Msg-Ids = %d, want 2", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`); n != 1 {

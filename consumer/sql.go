@@ -24,7 +24,7 @@ ON CONFLICT (consumer, stream_seq, key, fingerprint) WHERE stream_seq IS NOT NUL
 
 	// The last column is the horizon as the database's clock sees it: NULL when
 	// unknown (filed before schema v3), else whether a replay is still safe.
-	sqlDeadLetterCols = `id, consumer, key, message, subject, headers, payload, reason, deliveries, created_at, replayed_at, inbox_expires_at, inbox_expires_at > now()`
+	sqlDeadLetterCols = `id, consumer, key, COALESCE(message, subject), subject, headers, payload, reason, deliveries, created_at, replayed_at, inbox_expires_at, inbox_expires_at > now()`
 
 	// A Filter, as parameters $1..$6; an empty or NULL parameter selects all.
 	sqlDeadLetterFilter = `
@@ -61,7 +61,7 @@ ORDER BY id LIMIT $8`
 	// would dead-letter it again at its first failure.
 	sqlMarkReplayed = `
 WITH d AS (
-  UPDATE idem_dead_letters SET replayed_at = now() WHERE id = ANY($1) RETURNING consumer, key, message
+  UPDATE idem_dead_letters SET replayed_at = now() WHERE id = ANY($1) RETURNING consumer, key, COALESCE(message, subject) AS message
 )
 DELETE FROM idem_attempts a USING d WHERE a.consumer = d.consumer AND a.key = d.key AND a.message = d.message`
 )

@@ -49,11 +49,9 @@ END $$;
 -- stays empty once they have expired.
 CREATE INDEX IF NOT EXISTS idem_inbox_before_v5 ON idem_inbox (consumer, key) WHERE message = '';
 
--- Dead letters name their message. Those filed before this version were for an
--- unnamed message: their subject.
+-- Dead letters name their message; NULL is an unnamed message, the subject alone,
+-- as every dead letter filed before this version was.
 ALTER TABLE idem_dead_letters ADD COLUMN IF NOT EXISTS message text;
-UPDATE idem_dead_letters SET message = subject WHERE message IS NULL;
-ALTER TABLE idem_dead_letters ALTER COLUMN message SET NOT NULL;
 
 -- Consumers.
 --   starts_at   where the consumer's responsibility starts: NULL for one that

@@ -117,10 +117,10 @@ func seedLife(t *testing.T, db *pgtest.DB, schema, scope, key string) string {
 	exec(t, db, schema, `UPDATE idem_outbox SET published_at = now(), attempts = 1 WHERE key = $1 AND subject = $2`, scoped, subjectOrder)
 	exec(t, db, schema, `UPDATE idem_outbox SET attempts = 3, last_error = 'nats: timeout' WHERE key = $1 AND subject = $2`, scoped, subjectMail)
 	// A binary result (not UTF-8), and an external effect whose worker died mid-way.
-	exec(t, db, schema, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, result, completed_at, expires_at)
-		VALUES ($2, $1, '\x00', 'done', '\xff00fe', now(), now() + interval '1 day')`, scoped, consumerShip)
-	exec(t, db, schema, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, lease_until, lease_attempts, step, expires_at)
-		VALUES ($2, $1, '\x00', 'leased', now() - interval '1 minute', 2, 'sent', now() + interval '1 day')`, scoped, consumerMail)
+	exec(t, db, schema, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, result, completed_at, expires_at)
+		VALUES ($2, $1, 'test.orders.place', '\x00', 'done', '\xff00fe', now(), now() + interval '1 day')`, scoped, consumerShip)
+	exec(t, db, schema, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, lease_until, lease_attempts, step, expires_at)
+		VALUES ($2, $1, 'test.mail.send', '\x00', 'leased', now() - interval '1 minute', 2, 'sent', now() + interval '1 day')`, scoped, consumerMail)
 	exec(t, db, schema, `INSERT INTO public.shipments (key, carrier, weight_kg) VALUES ($1, 'acme post', 1.25)`, scoped)
 	exec(t, db, schema, `INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries)
 		VALUES ($3, $1, $2, '{}', 'fingerprint mismatch: test', 1)`, scoped, subjectOrder, consumerShip)
@@ -135,8 +135,8 @@ func TestInspectReadsEveryHopOfOneKey(t *testing.T) {
 	// Noise: the same bare key in another scope, and other keys in other consumers.
 	seedLife(t, db, "", "tenant-b", "k-1")
 	seedLife(t, db, "", "", "k-2")
-	exec(t, db, "", `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-		SELECT 'c' || (g % 7), 'noise-' || g, '\x00', 'done', now() + interval '1 day' FROM generate_series(1, 500) g`)
+	exec(t, db, "", `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+		SELECT 'c' || (g % 7), 'noise-' || g, 'test.x', '\x00', 'done', now() + interval '1 day' FROM generate_series(1, 500) g`)
 
 	r, err := newReader(t, db, ops.Config{Effects: shipmentEffects}).Inspect(ctx, "tenant-a", "k-1")
 	if err != nil {
@@ -280,7 +280,7 @@ func TestStatsCountsAndOldestPending(t *testing.T) {
 	seedLife(t, db, "", "", "k-2")
 	exec(t, db, "", `UPDATE idem_outbox SET created_at = now() - interval '90 seconds' WHERE id = (SELECT min(id) FROM idem_outbox WHERE published_at IS NULL)`)
 	exec(t, db, "", `UPDATE idem_dead_letters SET replayed_at = now() WHERE id = (SELECT min(id) FROM idem_dead_letters)`)
-	exec(t, db, "", `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at) VALUES ($1, 'old', '\x00', 'done', now() - interval '1 second')`, consumerShip)
+	exec(t, db, "", `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at) VALUES ($1, 'old', 'test.x', '\x00', 'done', now() - interval '1 second')`, consumerShip)
 
 	s, err := newReader(t, db, ops.Config{Counts: shipmentCounts}).Stats(context.Background())
 	if err != nil {

@@ -48,7 +48,7 @@ CROSS JOIN LATERAL (
 ORDER BY i.consumer, i.message`
 
 	sqlInspectDeadLetters = `
-SELECT id, consumer, message, subject, reason, deliveries, stream_seq, payload, created_at, replayed_at
+SELECT id, consumer, COALESCE(message, subject), subject, reason, deliveries, stream_seq, payload, created_at, replayed_at
 FROM idem_dead_letters
 WHERE key = $1
 ORDER BY id`

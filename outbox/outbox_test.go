@@ -90,6 +90,11 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 		{"caller-set Nats-Msg-Id", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderMsgID: "mine"} }), nil, "set by the relay"},
 		{"caller-set Idem-Enqueued-At", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderEnqueuedAt: "2020-01-01T00:00:00Z"} }), nil, "set by the relay"},
 		{"caller-set Idempotency-Key", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderKey: "other"} }), nil, "set by the relay"},
+		// Consumers skip a copy that is not for them: a producer naming consumers
+		// would make the others drop its message.
+		{"caller-set Idem-Replay-For", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderReplayFor: "charges"} }), nil, "set by the relay"},
+		{"caller-set Idem-Message", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderMessage: "line-1"} }), nil, "set by the relay"},
+		{"message name with a space", with(func(m *idem.Message) { m.Name = "line 1" }), nil, "message name"},
 		{"header name with a space", with(func(m *idem.Message) { m.Headers = map[string]string{"X Trace": "1"} }), nil, "header name"},
 		{"header value with a line break", with(func(m *idem.Message) { m.Headers = map[string]string{"X-Trace": "1\r\nNats-Msg-Id: forged"} }), nil, "line break"},
 	}

@@ -574,7 +574,7 @@ func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, fai
 			// the time the broker is asked.
 		case o.attempts+1 >= r.cfg.MaxAttempts:
 			dead.add(o.id, fmt.Sprintf("%s (failed %d publishes, MaxAttempts is %d)", reason, o.attempts+1, r.cfg.MaxAttempts), 0)
-			dead.stored[len(dead.stored)-1] = true
+			dead.stored[len(dead.stored)-1] = maybeStored(err)
 		default:
 			retry.add(o.id, reason, r.cfg.Backoff(o.attempts+1))
 		}
@@ -587,6 +587,14 @@ func (r *Relay) judge(ctx context.Context, batch []outboxRow, published int, fai
 func permanent(err error) bool {
 	var bad errBadRow
 	return errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadHeaderMsg) || errors.As(err, &bad)
+}
+
+// maybeStored reports whether a failed publish may have been stored after all: it
+// went unanswered (no PubAck in time; a cluster can commit a proposal after its
+// client gave up on it), rather than refused by the broker.
+func maybeStored(err error) bool {
+	var api jetstream.JetStreamError
+	return !errors.As(err, &api) || api.APIError() == nil
 }
 
 // epoch is the state of the relay's NATS connection: a reconnect changes it.

@@ -15,10 +15,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // smallBroker is a real JetStream server whose max_payload is small, so tests can
@@ -333,4 +335,64 @@ func deref(s *string) string {
 		return "<nil>"
 	}
 	return *s
+}
+
+// A row dead-lettered after its publishes went unanswered may have been stored
+// after all, and read: its dead letter carries the replay horizon of the
+// registered consumers that read its subject (the shortest key lifetime), so a
+// replay past it needs --force. A row the broker refused was never stored, and
+// has none.
+func TestRelayDeadLetterCarriesTheReadersHorizon(t *testing.T) {
+	t.Parallel()
+	b := newSmallBroker(t)
+	ctx := context.Background()
+	for name, c := range map[string]reconcile.Consumer{
+		"long":  {Name: "long", Stream: testenv.Stream, FilterSubject: "hang.x", KeyLifetime: 5 * time.Hour},
+		"short": {Name: "short", Stream: testenv.Stream, FilterSubject: "hang.>", KeyLifetime: 2 * time.Hour},
+		"other": {Name: "other", Stream: testenv.Stream, FilterSubject: "test.>", KeyLifetime: time.Hour},
+	} {
+		if _, err := reconcile.Register(ctx, b.db.Pool, "", c, false); err != nil {
+			t.Fatalf("register %s: %v", name, err)
+		}
+	}
+	sub, err := b.nc.SubscribeSync("hang.>") // takes the publishes, answers nothing
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe() //nolint:errcheck
+	b.insertRaw(t, 1, "hang-", "hang.x", 10)
+	if _, err := outbox.EnsureStream(ctx, b.js, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	b.insertRaw(t, 1, "mis-", "other.x", 10)
+	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, MaxAttempts: 1, PublishTimeout: 100 * time.Millisecond})
+	if _, err := r.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.db.Count(t, `SELECT count(*) FROM idem_dead_letters d JOIN idem_outbox o ON o.key = d.key
+		WHERE d.key = 'hang-1' AND d.consumer = '(relay)' AND d.inbox_expires_at = o.created_at + interval '2 hours'`); n != 1 {
+		t.Errorf("the unanswered row's dead letter does not carry the shortest reader's horizon")
+	}
+	if n := b.db.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'mis-1' AND consumer = '(relay)' AND inbox_expires_at IS NULL`); n != 1 {
+		t.Errorf("the refused row's dead letter has a horizon; it was never stored")
+	}
+
+	dls, err := consumer.NewDeadLetters(b.db.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.db.Count(t, `WITH u AS (UPDATE idem_dead_letters SET inbox_expires_at = now() - interval '1 second' WHERE key = 'hang-1' RETURNING 1) SELECT count(*) FROM u`)
+	rep, err := dls.Replay(ctx, consumer.Filter{Consumer: outbox.RelayConsumer}, consumer.ReplayOptions{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Results {
+		want := consumer.ActionWouldReplay
+		if res.Key == "hang-1" {
+			want = consumer.ActionRefused
+		}
+		if res.Action != want {
+			t.Errorf("replay of %s: %s (%s), want %s", res.Key, res.Action, res.Reason, want)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -89,9 +90,11 @@ func convertTable(ctx context.Context, pool *pgxpool.Pool, schema string, t Tabl
 			return err
 		}
 		var pkey string
-		if err := tx.QueryRow(ctx, sqlPrimaryKey, table).Scan(&pkey); err != nil {
+		var pkCols []string
+		if err := tx.QueryRow(ctx, sqlPrimaryKey, table).Scan(&pkey, &pkCols); err != nil {
 			return fmt.Errorf("primary key: %w", err)
 		}
+		s.primaryKey = primaryKeyWith(pkCols, s.key)
 		var seq *string
 		if t == Outbox {
 			if err := tx.QueryRow(ctx, sqlOwnSequence, table).Scan(&seq); err != nil {
@@ -131,6 +134,22 @@ func convertTable(ctx context.Context, pool *pgxpool.Pool, schema string, t Tabl
 		return false, fmt.Errorf("partition: convert %s.%s: %w", schema, t, err)
 	}
 	return converted, nil
+}
+
+// primaryKeyWith is the partitioned table's primary key: the plain table's
+// columns, then the partition key, which every unique index of a partitioned
+// table must hold.
+func primaryKeyWith(cols []string, key string) string {
+	var b strings.Builder
+	for _, c := range cols {
+		if c == key {
+			continue
+		}
+		b.WriteString(pgx.Identifier{c}.Sanitize())
+		b.WriteString(", ")
+	}
+	b.WriteString(key)
+	return b.String()
 }
 
 // indexAside is the name an index of the old table takes once it belongs to the

@@ -94,16 +94,16 @@ func (c Config) withDefaults() Config {
 // spec is what differs between the two tables.
 type spec struct {
 	key        string // the partition key
-	primaryKey string // the partitioned table's primary key: the old one plus key
+	primaryKey string // the partitioned table's primary key: the old one plus key (read at conversion)
 	defaultMax string // the newest partition key in the default partition
 	live       string // whether a partition holds a row that has not expired
 }
 
 func (t Table) spec() spec {
 	if t == Inbox {
-		return spec{key: "expires_at", primaryKey: "consumer, key, message, expires_at", defaultMax: sqlDefaultMaxInbox, live: sqlLiveInbox}
+		return spec{key: "expires_at", defaultMax: sqlDefaultMaxInbox, live: sqlLiveInbox}
 	}
-	return spec{key: "created_at", primaryKey: "id, created_at", defaultMax: sqlDefaultMaxOutbox, live: sqlLiveOutbox}
+	return spec{key: "created_at", defaultMax: sqlDefaultMaxOutbox, live: sqlLiveOutbox}
 }
 
 // Partition is one partition of a table.

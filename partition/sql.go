@@ -51,7 +51,8 @@ ORDER BY i.indexname`
 // its rows stay where they are (no copy), every query keeps working, and new rows
 // go to the ranged partitions once they exist. %[1]s is the table, %[2]s the
 // default partition (both qualified), %[3]s the partition key, %[4]s the new
-// primary key's columns, %[5]s the default partition's unqualified name.
+// primary key's columns (the old ones and the partition key), %[5]s the default
+// partition's unqualified name.
 const (
 	sqlConvertLock   = `LOCK TABLE %[1]s IN ACCESS EXCLUSIVE MODE`
 	sqlConvertRename = `ALTER TABLE %[1]s RENAME TO %[5]s`
@@ -62,7 +63,13 @@ const (
 	// the partitioned table's indexes can take the names the migrations gave them.
 	sqlRenameIndex    = `ALTER INDEX %[1]s RENAME TO %[2]s`
 	sqlDropConstraint = `ALTER TABLE %[1]s DROP CONSTRAINT %[2]s`
-	sqlPrimaryKey     = `SELECT conname::text FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'`
+	sqlPrimaryKey     = `
+SELECT c.conname::text, array_agg(a.attname::text ORDER BY k.n)
+FROM pg_constraint c
+CROSS JOIN unnest(c.conkey) WITH ORDINALITY AS k(attnum, n)
+JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
+WHERE c.conrelid = $1::regclass AND c.contype = 'p'
+GROUP BY c.conname`
 	// A serial column's sequence belongs to the column it was made for. It moves to
 	// the partitioned table, so dropping the old table's rows could never drop it.
 	sqlOwnSequence = `

@@ -38,7 +38,7 @@ SELECT t.c, t.i
 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[]) AS t(c, k, m, w, i)
 WHERE EXISTS (SELECT 1 FROM idem_inbox n WHERE n.consumer = t.c AND n.key = t.k AND n.message IN (t.m, '')
                 AND n.status = 'done' AND n.expires_at > now())
-   OR EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = t.k AND d.message = t.m
+   OR EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = t.k AND COALESCE(d.message, d.subject) = t.m
                 AND d.created_at >= t.w)`
 
 	// Complete: every consumer that should see the row has settled it. From now on
@@ -77,7 +77,7 @@ WITH missing AS (
                       AND n.message IN (o.subject || COALESCE(' ' || o.message_name, ''), '')
                       AND n.status = 'done' AND n.expires_at > now())
     AND NOT EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = o.key
-                      AND d.message = o.subject || COALESCE(' ' || o.message_name, '')
+                      AND COALESCE(d.message, d.subject) = o.subject || COALESCE(' ' || o.message_name, '')
                       AND d.created_at >= o.created_at)
   GROUP BY t.i
 )

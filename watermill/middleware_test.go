@@ -108,9 +108,14 @@ func TestSameKeyDifferentPayloadIsRejected(t *testing.T) {
 		t.Errorf("poison reason = %q, want it to name the fingerprint mismatch", reason)
 	}
 
-	// The error itself, without the router.
+	// The error itself, without the router (which names no topic: the message is
+	// then named by its Idem-Message alone).
 	wrapped := newMiddleware(t, db)(noPublish(effectInTx))
-	_, err := wrapped(order(key, "acct_1", 9999))
+	direct := idem.NewKey().String()
+	if _, err := wrapped(order(direct, "acct_1", 1250)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := wrapped(order(direct, "acct_1", 9999))
 	if !errors.Is(err, idemwatermill.ErrFingerprintMismatch) || !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Errorf("error = %v, want ErrFingerprintMismatch wrapping idem.ErrFingerprintMismatch", err)
 	}
@@ -635,5 +640,29 @@ func TestDerivedKey(t *testing.T) {
 	}
 	if long == idemwatermill.DerivedKey("billing", strings.Repeat("k", 255), 1) {
 		t.Error("two positions share a derived key")
+	}
+}
+
+// A copy addressed to other consumers (idem.HeaderReplayFor: a dead-letter replay,
+// a re-drive) is acked without calling the handler: this consumer settled the
+// message already, and its inbox may have forgotten the key. One addressed to it,
+// or to nobody in particular, runs.
+func TestCopiesForOtherConsumersAreSkipped(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, "")
+	wrapped := newMiddleware(t, db)(noPublish(effectInTx))
+	for i, to := range []string{"emails", "emails,audit", consumerName, "emails," + consumerName, ""} {
+		msg := order(idem.NewKey().String(), "acct_1", 100)
+		if to != "" {
+			msg.Metadata.Set(idem.HeaderReplayFor, to)
+		}
+		before := effects(t, db)
+		if _, err := wrapped(msg); err != nil {
+			t.Fatalf("copy for %q: %v", to, err)
+		}
+		ran := effects(t, db) > before
+		if want := i >= 2; ran != want {
+			t.Errorf("copy for %q ran the handler: %v, want %v", to, ran, want)
+		}
 	}
 }

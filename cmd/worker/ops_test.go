@@ -62,8 +62,8 @@ func seedKey(t *testing.T, db *pgtest.DB, schema, scope, key string) {
 			{`INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, response_code, response_body, expires_at)
 			  VALUES ($1, $2, '\x0102030405060708090a', 'POST', '/v1/payments', 'done', 202, '{"status":"accepted"}', now() + interval '1 day')`, []any{scope, key}},
 			{`INSERT INTO payments (scope, idempotency_key, account, amount_cents) VALUES ($1, $2, 'acct_ops', 1250)`, []any{scope, key}},
-			{`INSERT INTO idem_inbox (consumer, key, fingerprint, status, completed_at, expires_at)
-			  VALUES ($2, $1, '\x00', 'done', now(), now() + interval '1 day')`, []any{scoped, refapp.ChargeConsumer}},
+			{`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, completed_at, expires_at)
+			  VALUES ($2, $1, 'idem.payments.charge', '\x00', 'done', now(), now() + interval '1 day')`, []any{scoped, refapp.ChargeConsumer}},
 			{`INSERT INTO ledger_entries (idempotency_key, account, amount_cents) VALUES ($1, 'acct_ops', 1250)`, []any{scoped}},
 			{`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries)
 			  VALUES ($3, $1, $2, '{}', 'fingerprint mismatch: test', 1)`, []any{scoped, refapp.SubjectCharge, refapp.ChargeConsumer}},
