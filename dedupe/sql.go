@@ -5,9 +5,9 @@ import "github.com/idemkit/idem/internal/pgschema"
 // All of the inbox's SQL, in one place. It names idem_inbox plainly; newQueries
 // qualifies it for the configured schema once, when the Inbox is built.
 //
-// A row is one delivery: (consumer, key, message). A row whose message is '' was
+// A row is one delivery: (consumer, key, message). A row whose message is ” was
 // written before schema v5 and settles every message of its key for its consumer;
-// no new row is written with ''. Every claim and look-up therefore also probes for
+// no new row is written with ”. Every claim and look-up therefore also probes for
 // such a row: an index probe of idem_inbox_before_v5, which is empty once they have
 // expired.
 const (

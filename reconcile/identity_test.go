@@ -341,4 +341,3 @@ func TestRenameKeepsTheInbox(t *testing.T) {
 		t.Errorf("registered after the rename = %v; want ledger and other", regs)
 	}
 }
-
