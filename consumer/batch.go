@@ -44,7 +44,7 @@ func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 	for _, d := range again {
 		var n int
 		err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() (err error) {
-			n, err = c.attempts.start(ctx, d.id())
+			n, err = c.attempts.start(ctx, c.idOf(d))
 			return err
 		})
 		if err != nil {
@@ -97,7 +97,7 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 // or dead-letters it by that count. A database that cannot record the charge does
 // not stop the retry: the message comes back after its backoff, uncharged.
 func (c *Consumer) handlerFailed(ctx context.Context, d *Delivery, err error) {
-	n, rerr := c.attempts.fail(ctx, d.id(), err)
+	n, rerr := c.attempts.fail(ctx, c.idOf(d), err)
 	if rerr != nil {
 		c.log.WarnContext(ctx, "handler failure not recorded; retrying uncharged", "key", d.Key, "err", rerr)
 		n = 1
@@ -131,7 +131,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 	var claims, checks []dedupe.Claim
 	var repeats []*Delivery
 	for _, d := range ds {
-		id := d.id()
+		id := c.idOf(d)
 		if f, ok := first[id]; ok {
 			if !bytes.Equal(f.Payload, d.Payload) {
 				res.poison[d] = reasonMismatch
@@ -179,7 +179,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 
 	var fresh []*Delivery
 	for _, d := range ds { // delivery order: handlers run in the order messages came
-		id := d.id()
+		id := c.idOf(d)
 		if first[id] != d {
 			continue
 		}
@@ -210,7 +210,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 		if !fs.On(faults.SkipInboxClaim) {
 			byID := make(map[dedupe.ID][]byte, len(fresh))
 			for i, d := range fresh {
-				byID[d.id()] = results[i]
+				byID[c.idOf(d)] = results[i]
 			}
 			if err := c.inbox.SetResults(ctx, tx, c.cfg.Name, byID); err != nil {
 				return res, err

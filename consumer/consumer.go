@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/reconcile"
 )
@@ -64,6 +65,17 @@ type Consumer struct {
 	stopping <-chan struct{}
 	// health is what keeps the consumer from receiving messages, or nil.
 	health atomic.Pointer[error]
+	// keyOnly and anyInstallation are the negative controls of a delivery's
+	// identity (faults.KeyOnlyIdentity, faults.AnyInstallation), read at Run.
+	keyOnly, anyInstallation bool
+}
+
+// idOf names d in the inbox: its key and its message (idem.MessageOf).
+func (c *Consumer) idOf(d *Delivery) dedupe.ID {
+	if c.keyOnly {
+		return dedupe.ID{Key: d.Key, Message: "(any)"}
+	}
+	return dedupe.ID{Key: d.Key, Message: idem.MessageOf(d.Subject, d.Name)}
 }
 
 // New returns a consumer. It does not touch the broker until Run.
@@ -125,6 +137,8 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // durable split its messages between their inboxes.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
+	fs := faults.From(ctx)
+	c.keyOnly, c.anyInstallation = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation)
 	// Stopped while starting (registering, creating the durable consumer): a
 	// stop, not a failure.
 	b, err := c.register(ctx)
@@ -258,9 +272,9 @@ func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, err
 			return nil, err
 		}
 		info := jc.CachedInfo()
-		switch owner := info.Config.Metadata[installation.MetadataKey]; owner {
-		case b.installation:
-		case "":
+		switch owner := info.Config.Metadata[installation.MetadataKey]; {
+		case owner == b.installation, c.anyInstallation:
+		case owner == "":
 			c.log.InfoContext(ctx, "consumer: adopting a durable consumer that names no installation", "stream", c.cfg.Stream, "installation", b.installation)
 		default:
 			return nil, fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s, and this consumer to %s (cluster/database/schema). "+

@@ -101,7 +101,7 @@ func (c *Consumer) perform(ctx context.Context, d *Delivery) {
 	stopBeat := c.heartbeat(ctx, []*Delivery{d}) // while the database may be down
 	err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() (err error) {
 		sent = time.Now()
-		lr, err = c.inbox.Lease(ctx, c.pool, c.cfg.Name, d.id(), d.Payload, c.cfg.LeaseFor, c.cfg.KeyLifetime)
+		lr, err = c.inbox.Lease(ctx, c.pool, c.cfg.Name, c.idOf(d), d.Payload, c.cfg.LeaseFor, c.cfg.KeyLifetime)
 		return err
 	})
 	stopBeat()

@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/dedupe"
 )
 
 // Delivery is one message as the consumer hands it to a handler.
@@ -30,11 +29,6 @@ type Delivery struct {
 	raw  jetstream.Msg
 	ctx  context.Context // carries the producer's trace and this delivery's span
 	span trace.Span
-}
-
-// id names the delivery in the inbox: its key and its message (idem.MessageOf).
-func (d *Delivery) id() dedupe.ID {
-	return dedupe.ID{Key: d.Key, Message: idem.MessageOf(d.Subject, d.Name)}
 }
 
 // Context returns a context carrying this delivery's tracing span, a child of the

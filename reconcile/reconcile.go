@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/pgschema"
 )
@@ -205,7 +206,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	for {
 		// The stream's state is read afresh for each batch: a row re-published
 		// since the last read must not look beyond the stream's end.
-		s := &streamView{js: r.js, name: r.cfg.Stream, installation: install}
+		s := &streamView{js: r.js, name: r.cfg.Stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation)}
 		rep, last, err := r.batch(ctx, consumers, s, after)
 		total.add(rep)
 		if err != nil {
@@ -320,7 +321,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 		if !known {
 			continue // no stream to re-drive to yet: the next pass judges it
 		}
-		if horizon, ok := r.redriveHorizon(u, maxAge); !ok || u.age >= horizon {
+		if horizon, ok := r.redriveHorizon(ctx, u, maxAge); !ok || u.age >= horizon {
 			for _, c := range u.missing {
 				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, c.Name), append(alertHorizon, c.KeyLifetime)
 				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: published but never settled by %s, and lost by the stream (%s); a copy sent now could outlive "+
@@ -348,7 +349,9 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 	}
 	redriven := 0
 	if len(redriveIDs) > 0 {
-		rs, err := tx.Query(ctx, r.q.redrive, redriveIDs, redriveFor, "reconcile: the stream lost it; re-driven")
+		fs := faults.From(ctx)
+		rs, err := tx.Query(ctx, r.q.redrive, redriveIDs, redriveFor, "reconcile: the stream lost it; re-driven",
+			fs.On(faults.RedriveToAll), fs.On(faults.OldDeadLettersProve))
 		if err != nil {
 			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
 		}
@@ -421,7 +424,8 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer
 	}
 	settled := map[pair]bool{}
 	if len(names) > 0 {
-		rs, err := tx.Query(ctx, r.q.settled, names, keys, messages, written, ids)
+		fs := faults.From(ctx)
+		rs, err := tx.Query(ctx, r.q.settled, names, keys, messages, written, ids, fs.On(faults.RedriveToAll), fs.On(faults.OldDeadLettersProve))
 		if err != nil {
 			return fmt.Errorf("reconcile: proof: %w", err)
 		}
@@ -454,7 +458,17 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer
 // the copy — may forget the key its KeyLifetime after the row was written (less a
 // margin, for the relay's delay). ok is false when no copy is ever safe: the
 // stream keeps messages forever (maxAge 0).
-func (r *Reconciler) redriveHorizon(u *unproven, maxAge time.Duration) (horizon time.Duration, ok bool) {
+func (r *Reconciler) redriveHorizon(ctx context.Context, u *unproven, maxAge time.Duration) (horizon time.Duration, ok bool) {
+	if faults.From(ctx).On(faults.RedriveToAll) {
+		// The negative control: the missing consumers' own lifetimes, as if no
+		// copy could outlive a key.
+		for i, c := range u.missing {
+			if h := c.KeyLifetime - min(r.cfg.Margin, c.KeyLifetime/4); i == 0 || h < horizon {
+				horizon = h
+			}
+		}
+		return horizon, true
+	}
 	if maxAge <= 0 {
 		return 0, false
 	}

@@ -32,14 +32,16 @@ FOR UPDATE SKIP LOCKED`
 	// moment); a dead letter older than the row is the one a replay row replays,
 	// and proves nothing about the replay.
 	//
-	// $1 consumers, $2 keys, $3 messages, $4 the rows' creation times, $5 row ids.
+	// $1 consumers, $2 keys, $3 messages, $4 the rows' creation times, $5 row ids;
+	// $6 and $7 are the negative controls (faults.RedriveToAll: an expired row
+	// proves; faults.OldDeadLettersProve: any dead letter of the key proves).
 	sqlSettled = `
 SELECT t.c, t.i
 FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[]) AS t(c, k, m, w, i)
 WHERE EXISTS (SELECT 1 FROM idem_inbox n WHERE n.consumer = t.c AND n.key = t.k AND n.message IN (t.m, '')
-                AND n.status = 'done' AND n.expires_at > now())
-   OR EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = t.k AND COALESCE(d.message, d.subject) = t.m
-                AND d.created_at >= t.w)`
+                AND n.status = 'done' AND (n.expires_at > now() OR $6))
+   OR EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = t.k
+                AND ((COALESCE(d.message, d.subject) = t.m AND d.created_at >= t.w) OR $7))`
 
 	// Complete: every consumer that should see the row has settled it. From now on
 	// the row is evidence only, kept for the retention.
@@ -67,7 +69,9 @@ WHERE id = ANY($1::bigint[])`
 	// generation, and the publishes of the lost one succeeded.
 	//
 	// The generation follows the byte 0x1D, which no key contains; a row re-driven
-	// before schema v5 ended in " r<n>" instead, which is stripped once.
+	// before schema v5 ended in " r<n>" instead, which is stripped once. $4 and $5
+	// are the negative controls of sqlSettled's $6 and $7 ($4 also leaves the
+	// copy unaddressed).
 	sqlRedrive = `
 WITH missing AS (
   SELECT t.i, string_agg(DISTINCT t.c, ',') AS cs
@@ -75,10 +79,10 @@ WITH missing AS (
   JOIN idem_outbox o ON o.id = t.i
   WHERE NOT EXISTS (SELECT 1 FROM idem_inbox n WHERE n.consumer = t.c AND n.key = o.key
                       AND n.message IN (o.subject || COALESCE(' ' || o.message_name, ''), '')
-                      AND n.status = 'done' AND n.expires_at > now())
+                      AND n.status = 'done' AND (n.expires_at > now() OR $4))
     AND NOT EXISTS (SELECT 1 FROM idem_dead_letters d WHERE d.consumer = t.c AND d.key = o.key
-                      AND COALESCE(d.message, d.subject) = o.subject || COALESCE(' ' || o.message_name, '')
-                      AND d.created_at >= o.created_at)
+                      AND ((COALESCE(d.message, d.subject) = o.subject || COALESCE(' ' || o.message_name, '')
+                            AND d.created_at >= o.created_at) OR $5))
   GROUP BY t.i
 )
 UPDATE idem_outbox o
@@ -88,7 +92,7 @@ SET published_at = NULL, stream = NULL, stream_seq = NULL, next_attempt_at = NUL
                   THEN regexp_replace(o.msg_id, ' r[0-9]+$', '')
                   ELSE regexp_replace(o.msg_id, chr(29) || 'r[0-9]+$', '')
              END || chr(29) || 'r' || (o.generation + 1),
-    headers = o.headers || jsonb_build_object('Idem-Replay-For', missing.cs),
+    headers = CASE WHEN $4 THEN o.headers ELSE o.headers || jsonb_build_object('Idem-Replay-For', missing.cs) END,
     reconciled = 'redriven', checked_at = now(), last_error = $3
 FROM missing
 WHERE o.id = missing.i

@@ -24,6 +24,9 @@ type streamView struct {
 	// consumer that belongs to another installation says nothing about this
 	// installation's consumer of the same name.
 	installation string
+	// anyInstallation is the negative control (faults.AnyInstallation): every
+	// durable's acks are read as this installation's.
+	anyInstallation bool
 
 	loaded    bool
 	stream    jetstream.Stream // nil: the stream does not exist
@@ -82,7 +85,7 @@ func (s *streamView) ackFloor(ctx context.Context, name string) (*uint64, error)
 		return nil, fmt.Errorf("reconcile: consumer %s: %w", name, err)
 	}
 	info := c.CachedInfo()
-	if owner := info.Config.Metadata[installation.MetadataKey]; owner != "" && owner != s.installation {
+	if owner := info.Config.Metadata[installation.MetadataKey]; owner != "" && owner != s.installation && !s.anyInstallation {
 		s.ackFloors[name] = nil
 		return nil, nil
 	}

@@ -58,6 +58,25 @@ const (
 	// its key, so a checker must see doubled effects.
 	SkipInboxClaim Point = "consumer.skip-inbox-claim"
 
+	// The switches below are the negative controls of the delivery's identity:
+	// each brings back one way an intent's effect used to run twice or never.
+
+	// KeyOnlyIdentity is a switch: armed, consumers name every delivery by its key
+	// alone, so one intent's second message to one consumer is folded into its
+	// first (or dead-lettered as a changed payload).
+	KeyOnlyIdentity Point = "consumer.key-only-identity"
+	// AnyInstallation is a switch: armed, a consumer binds a durable that belongs
+	// to another installation, and the reconciler reads another installation's
+	// acks as its own.
+	AnyInstallation Point = "consumer.any-installation"
+	// RedriveToAll is a switch: armed, the reconciler re-drives a lost intent to
+	// every consumer of its subject (no Idem-Replay-For), up to the missing
+	// consumers' own key lifetimes, and counts an expired inbox row as settled.
+	RedriveToAll Point = "reconcile.redrive-to-all"
+	// OldDeadLettersProve is a switch: armed, the reconciler counts any dead
+	// letter of a key as its settlement, the one a replay replays included.
+	OldDeadLettersProve Point = "reconcile.old-dead-letters-prove"
+
 	// MarkedMessages is a switch: armed, a handler about to run a message that
 	// carries the header MarkHeader fails the way the header says — "panic" panics
 	// inside the handler call (a handler's bug), "kill" SIGKILLs the process there
@@ -69,7 +88,8 @@ const (
 const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
-var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim, MarkedMessages}
+var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
+	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, MarkedMessages}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -148,7 +168,8 @@ func Parse(spec string) (*Set, error) {
 }
 
 // switches are the points armed with "on" rather than a crash.
-var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true}
+var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
+	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
 // for "panic" and kills the process for "kill". Call it where the handler runs.
