@@ -45,7 +45,7 @@ func exitCode(err error) int {
 }
 
 // commands are the worker's subcommands.
-var commands = []string{"migrate", "partition", "dead-letters", "inspect", "stats", "healthcheck", "help"}
+var commands = []string{"migrate", "partition", "dead-letters", "inspect", "stats", "healthcheck", "consumers", "help"}
 
 // splitCommand finds the subcommand among args, which flags may precede and
 // follow: `worker --database-url X stats` is `worker stats --database-url X`. fs

@@ -11,6 +11,7 @@
 //	worker inspect [--scope S] [flags] KEY      one key's whole life
 //	worker stats [--json] [flags]               counts and lags
 //	worker healthcheck [--json] [flags]         exit 0 if the worker at --http-addr is ready
+//	worker consumers rename OLD NEW [--force]   rename a consumer, keeping its inbox
 //
 // Flags may come before or after the subcommand. Every shared flag has an
 // environment fallback, named in worker -h, which also lists the exit codes (0 ok,
@@ -223,6 +224,9 @@ const usage = `usage:
                                        print everything known about one key
   worker stats [--json]                counts and lags (outbox backlog, inbox, dead letters)
   worker healthcheck [--json] [flags]  exit 0 if the worker at --http-addr is ready
+  worker consumers rename OLD NEW [--force]
+                                       rename a stopped consumer, keeping its inbox, attempts and
+                                       dead letters; deletes OLD's durable consumer
   worker dead-letters list [--consumer C] [--reason PREFIX] [--since T] [--until T] [--json]
                                        list dead letters (newest first)
   worker dead-letters replay (ID | --consumer C --reason PREFIX --since T --until T | --all) [--dry-run] [--force] [--json]
@@ -271,6 +275,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = runStats(args, stdout, stderr)
 	case "healthcheck":
 		err = runHealthcheck(args, stdout, stderr)
+	case "consumers":
+		err = runConsumers(args, stdout, stderr)
 	case "help":
 		fs, _ := newFlagSet("worker", stderr)
 		fmt.Fprint(stderr, usage)

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/runenv"
+	"github.com/idemkit/idem/reconcile"
+	"github.com/idemkit/idem/refapp"
+)
+
+const consumersUsage = `usage: worker consumers rename OLD NEW [--force] [flags]
+
+Renames a registered consumer and keeps everything it knows: its inbox, its
+attempt counts, its dead letters and its registry entry move to the new name, so
+the renamed consumer folds every intent the old name settled. Then the old
+name's durable JetStream consumer is deleted.
+
+Stop every worker that runs OLD first (a consumer seen in the last five minutes
+is refused unless --force), then deploy NEW: its durable consumer is created
+when it starts, reads what the stream holds, and its inbox folds the history.
+A new name deployed without this command runs every intent the stream still
+holds a second time.
+
+`
+
+func runConsumers(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "rename" {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+			fmt.Fprint(stderr, consumersUsage)
+			return nil
+		}
+		return usagef("consumers: want rename (see worker consumers -h)")
+	}
+	var force bool
+	o, fs, rest, err := parseOps("worker consumers rename", consumersUsage, args[1:], stderr, func(fs *flag.FlagSet) {
+		fs.BoolVar(&force, "force", false, "rename a consumer seen in the last five minutes (it must not be running)")
+	})
+	if err != nil {
+		return err
+	}
+	if len(rest) != 2 {
+		return usagef("consumers rename: want OLD and NEW, got %q", rest)
+	}
+	from, to := rest[0], rest[1]
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	pool, err := openOpsPool(ctx, o, fs)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := reconcile.Rename(ctx, pool, o.schema, from, to, force); err != nil {
+		return fmt.Errorf("consumers rename: %w", err)
+	}
+	fmt.Fprintf(stdout, "renamed consumer %s to %s: its inbox, attempts, dead letters and registry entry\n", from, to)
+
+	url := o.natsURL
+	var auth runenv.NATSAuth
+	if url == "" {
+		b, err := os.ReadFile(filepath.Join(o.dataDir, runenv.NATSURLFile))
+		if err != nil {
+			return fmt.Errorf("consumers rename: renamed, but no --nats-url and no %s under --data-dir %s: delete the durable consumer %s on stream %s yourself (nats consumer rm %s %s)",
+				runenv.NATSURLFile, o.dataDir, from, refapp.StreamName, refapp.StreamName, from)
+		}
+		url = strings.TrimSpace(string(b))
+	} else {
+		auth = o.natsAuth
+	}
+	deleted, err := deleteDurable(ctx, url, auth, refapp.StreamName, from)
+	if err != nil {
+		return fmt.Errorf("consumers rename: renamed, but the durable consumer %s could not be deleted (delete it yourself: nats consumer rm %s %s): %w",
+			from, refapp.StreamName, from, err)
+	}
+	if deleted {
+		fmt.Fprintf(stdout, "deleted the durable consumer %s of stream %s\n", from, refapp.StreamName)
+	} else {
+		fmt.Fprintf(stdout, "stream %s had no durable consumer %s\n", refapp.StreamName, from)
+	}
+	return nil
+}
+
+// deleteDurable deletes the durable consumer name of stream; false when there was
+// none.
+func deleteDurable(ctx context.Context, url string, auth runenv.NATSAuth, stream, name string) (bool, error) {
+	opts, err := auth.Options()
+	if err != nil {
+		return false, err
+	}
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Name("idem-worker-consumers"), nats.Timeout(3 * time.Second)}, opts...)...)
+	if err != nil {
+		return false, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(url), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false, err
+	}
+	err = js.DeleteConsumer(ctx, stream, name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
