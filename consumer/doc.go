@@ -3,9 +3,17 @@
 //
 // A Consumer reads a durable pull consumer (Config.Name on Config.Stream, filtered by
 // Config.Subject). Every delivery carries its intent's scoped key in the
-// Idempotency-Key header; the key is claimed in idem_inbox under (consumer, key) and
-// the effect runs only for a key that was new. Redeliveries, re-publishes by the
-// relay and producer retries all fold into the first result.
+// Idempotency-Key header; the delivery is claimed in idem_inbox under (consumer,
+// key, message) — the message being its subject, or its subject and the name its
+// producer gave it (idem.MessageOf) — and the effect runs only for a delivery that
+// was new. Redeliveries, re-publishes by the relay, re-drives, replays and producer
+// retries all fold into the first result; two messages of one intent are two
+// deliveries.
+//
+// The durable belongs to one installation (the database and schema of the inbox),
+// recorded in its metadata: a consumer of another installation with the same Name
+// is refused (ErrForeignDurable). Config.Start says where a consumer new to the
+// installation starts reading.
 //
 // # In-transaction handlers
 //

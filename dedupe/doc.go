@@ -1,12 +1,17 @@
-// Package dedupe is idem's Postgres inbox: the table "(consumer, key) -> first result"
-// that turns at-least-once delivery into exactly-once effects.
+// Package dedupe is idem's Postgres inbox: the table "(consumer, key, message) ->
+// first result" that turns at-least-once delivery into exactly-once effects.
+//
+// A delivery is named by its consumer, its intent's scoped key and its message
+// (ID): the message tells apart the messages of one intent that one consumer reads,
+// the subject or the subject and the name its producer gave it (idem.MessageOf).
+// A row written before schema v5 has message "" and settles every message of its key.
 //
 // # How a message is folded
 //
 // A consumer processes a message inside one Postgres transaction that first claims
-// the message's key:
+// the delivery:
 //
-//	INSERT INTO idem_inbox (consumer, key, fingerprint, ...) ... ON CONFLICT DO NOTHING RETURNING key
+//	INSERT INTO idem_inbox (consumer, key, message, fingerprint, ...) ... ON CONFLICT DO NOTHING RETURNING key, message
 //
 // A key that comes back is new: the handler runs in the same transaction and its
 // result is stored on the row. A key that does not come back was claimed before — by

@@ -28,7 +28,7 @@ type ConvertReport struct {
 // names takes its name, and the old table is attached as its DEFAULT partition.
 // No row is copied. The old primary key gives way to the partitioned one, which
 // adds the partition key (a partitioned table's unique indexes must contain it);
-// the advisory-lock claim of package dedupe keeps (consumer, key) unique across
+// the advisory-lock claim of package dedupe keeps each delivery unique across
 // partitions instead. The conversion holds an ACCESS EXCLUSIVE lock on the table
 // for as long as Postgres takes to build the partitioned primary key's index on
 // the existing rows (a few seconds per million rows here), so convert an existing

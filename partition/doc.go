@@ -28,7 +28,7 @@
 // # Uniqueness
 //
 // A partitioned table's unique indexes must contain its partition key, so the
-// inbox can no longer enforce one row per (consumer, key) with its primary key:
+// inbox can no longer enforce one row per delivery with its primary key:
 // two claims with different lifetimes would land in different days. Package
 // dedupe detects the layout and, on a partitioned inbox, takes a per-key advisory
 // lock before it inserts the keys no partition has. That claim needs READ

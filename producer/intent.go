@@ -40,10 +40,18 @@ func (i *Intent) ScopedKey() string { return idem.ScopedKey(i.Scope, i.Key) }
 // handler's own queries in Tx do not see the row. The relay is woken after the
 // commit.
 func (i *Intent) Enqueue(ctx context.Context, subject string, payload []byte, headers map[string]string) error {
+	return i.EnqueueMessage(ctx, idem.Message{Subject: subject, Payload: payload, Headers: headers})
+}
+
+// EnqueueMessage is Enqueue for a message with a name: an intent that sends several
+// messages on one subject names each (m.Name), or every consumer of the subject
+// takes the second for the first. m.Key is set to the intent's scoped key.
+func (i *Intent) EnqueueMessage(ctx context.Context, m idem.Message) error {
 	if i.outbox == nil || i.batch == nil {
 		return errors.New("producer: intent: not built by Middleware")
 	}
-	return i.outbox.AddToBatch(ctx, i.batch, idem.Message{Key: i.ScopedKey(), Subject: subject, Payload: payload, Headers: headers})
+	m.Key = i.ScopedKey()
+	return i.outbox.AddToBatch(ctx, i.batch, m)
 }
 
 type intentKey struct{}

@@ -980,3 +980,30 @@ func TestMiddlewareWaitsForASlot(t *testing.T) {
 		t.Errorf("slow request: %d", code)
 	}
 }
+
+// An intent that sends several messages on one subject names each: the outbox
+// keeps the names, and each gets its own Msg-Id.
+func TestIntentEnqueuesNamedMessages(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	h := newMiddleware(t, db.Pool, producer.Config{}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in, ok := producer.IntentFrom(r.Context())
+		if !ok {
+			producer.WriteError(w, http.StatusInternalServerError, "no_intent", "no intent")
+			return
+		}
+		for _, name := range []string{"line-1", "line-2"} {
+			if err := in.EnqueueMessage(r.Context(), idem.Message{Subject: "test.lines", Name: name, Payload: []byte(`{}`)}); err != nil {
+				producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
+				return
+			}
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	if w := (req{path: "/lines", key: key("k-lines"), body: `{}`}).send(h); w.Code != http.StatusCreated {
+		t.Fatalf("request: %d %s", w.Code, w.Body)
+	}
+	if n := db.Count(t, `SELECT count(DISTINCT msg_id) FROM idem_outbox WHERE key = 'k-lines' AND message_name IN ('line-1', 'line-2')`); n != 2 {
+		t.Errorf("named rows with distinct Msg-Ids = %d, want 2", n)
+	}
+}

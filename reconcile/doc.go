@@ -12,11 +12,15 @@
 // # What proof is
 //
 // The relay records each row's PubAck (stream and sequence). Consumers register
-// themselves in idem_consumers when they start: name, stream, filter subject and key
-// lifetime. An intent's row is complete when every registered consumer that reads
-// its subject in that stream (Expected) has settled its key: an inbox row that is
-// done, or a dead letter. A dead-letter replay (header Idem-Replay-For) is for one
-// consumer only, and waits for that one.
+// themselves in idem_consumers when they start: name, stream, filter subject, key
+// lifetime, redelivery horizon and where they start. An intent's row is complete
+// when every registered consumer that should see it (Expected: it reads the row's
+// subject in that stream, its start is not after the row was written, and, for a
+// copy naming consumers in Idem-Replay-For, it is named) has settled the delivery —
+// (consumer, key, message): an inbox row that is done and not expired, or a dead
+// letter filed since the row was written. An expired row proves nothing, since its
+// consumer may forget it at any moment; and a replay is not proven by the dead
+// letter it replays, so a replay the stream lost is re-driven like any other row.
 //
 // # What the reconciler does
 //
@@ -30,26 +34,29 @@
 //     so a row is never deleted by age alone.
 //   - published less than After ago: in flight, left alone.
 //   - read by no registered consumer: unrouted, reported; dead-lettered under the
-//     relay's name ("(relay)") once past UnroutedHorizon, so that a replay reaches
-//     whichever consumer reads the subject by then.
-//   - missing a consumer whose key lifetime (less Margin) has passed since the row
-//     was written: alerted. Re-driving could run the effect twice, since the inbox
-//     may have forgotten the key; the row is given up on and each missing consumer
-//     gets a dead letter saying why, with a replay horizon that has passed (a replay
-//     then needs --force, knowingly).
+//     relay's name ("(relay)") once past UnroutedHorizon, with a horizon that has
+//     passed: a consumer outside the registry may have read it.
 //   - otherwise it is looked for in the stream (once per After, not on every pass).
-//     Still there and not acked past by the missing consumers: lag, reported and
-//     left. Gone — the stream does not exist, the sequence is below its first or
-//     beyond its last, the message there carries another Nats-Msg-Id (the stream
+//     Still there and not acked past by the missing consumers' durables (this
+//     installation's: another installation's acks say nothing here): lag, reported
+//     and left. Gone — the stream does not exist, the sequence is below its first
+//     or beyond its last, the message there carries another Nats-Msg-Id (the stream
 //     was recreated), or a missing consumer acked past it without settling it —
-//     re-driven: the row goes back to the relay under a new Msg-Id generation (" r1",
-//     " r2", ...), so the broker's duplicate window does not fold it into the lost
-//     original.
+//     re-driven: the row goes back to the relay under a new Msg-Id generation, with
+//     Idem-Replay-For naming the consumers still missing it, so the broker's
+//     duplicate window does not fold it into the lost original and the consumers
+//     that settled it ack the copy without an effect.
+//   - gone, but older than the re-drive horizon: alerted. A copy stays in the
+//     stream for its MaxAge, and each consumer that reads the subject may forget
+//     the key its KeyLifetime after the row was written; past the shortest
+//     KeyLifetime less MaxAge less Margin a copy could outlive a reader's memory,
+//     so the row is given up on and each missing consumer gets a dead letter
+//     saying why, with a replay horizon that has passed (a replay then needs
+//     --force, knowingly).
 //
 // The reconciler never causes a second effect: a re-driven message carries the same
-// Idempotency-Key, so a consumer that did settle it folds the copy in its inbox, and
-// a late original folds into the re-drive. Re-driving stops at the key-lifetime
-// horizon, past which the inbox could no longer fold.
+// Idempotency-Key and reaches only the consumers missing it, each of which folds it
+// in its inbox, or folds a late original into it.
 //
 // # With the broker's fsync off
 //

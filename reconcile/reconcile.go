@@ -63,10 +63,11 @@ type Config struct {
 	// for (a consumer may be deployed late) before it is given up on and
 	// dead-lettered under outbox.RelayConsumer (default 72h).
 	UnroutedHorizon time.Duration
-	// Margin is subtracted from a consumer's key lifetime to make the horizon past
-	// which a lost row is no longer re-driven but alerted (default 1h, at most a
-	// quarter of the lifetime): past it, the consumer's inbox may have forgotten
-	// that it settled the key, and a re-drive could run its effect twice.
+	// Margin is subtracted, with the stream's MaxAge, from the shortest key
+	// lifetime of the consumers that read a row, to make the horizon past which a
+	// lost row is no longer re-driven but alerted (default 1h, at most a quarter
+	// of the lifetime): a copy sent later could still be in the stream after a
+	// reader's inbox forgot the key, and run its effect twice.
 	Margin time.Duration
 	// Trusted are subject filters whose rows are complete once published, as
 	// before proof existed: for subjects read by consumers whose inbox lives in

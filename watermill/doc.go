@@ -23,9 +23,13 @@
 // ([idem.HeaderKey]), a key minted by the client when the user acted; never a hash
 // of the payload. A message without a key is rejected with a permanent error.
 //
-// For each message it begins a transaction and claims (consumer, key) in idem_inbox
-// together with the payload (dedupe.Inbox.Claim, the same claim idem's own
-// JetStream consumer makes), and acts on the verdict:
+// For each message it begins a transaction and claims (consumer, key, message) in
+// idem_inbox together with the payload (dedupe.Inbox.Claim, the same claim idem's own
+// JetStream consumer makes), and acts on the verdict. The message is the topic the
+// router subscribed (a NATS subject: subscribe literal subjects, not wildcards, for
+// two messages of one intent to count as two) and the Idem-Message name, if any. (A
+// copy whose Idem-Replay-For names other consumers is acked without a claim.) The
+// verdicts:
 //
 //   - Duplicate (key already claimed with the same payload): the handler is not
 //     called; the message is acked and produces no messages.
