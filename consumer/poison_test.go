@@ -178,3 +178,27 @@ func TestOneFailureDoesNotSinkItsBatch(t *testing.T) {
 		t.Errorf("inbox rows with the stored result = %d, want 4", n)
 	}
 }
+
+// A message whose data the database refuses (SQLSTATE class 22: here a NUL in a
+// text value) is dead-lettered at its first failure, with the reason: no retry can
+// change its data.
+func TestDataTheDatabaseRefusesIsDeadLetteredAtOnce(t *testing.T) {
+	b := setup(t)
+	b.env.Publish(t, testenv.Subject, "k-nul", "k-nul", []byte("acct\x00x"))
+	var calls atomic.Int32
+	cfg := b.config()
+	cfg.BatchHandler = nil
+	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
+		calls.Add(1)
+		_, err := tx.Exec(ctx, `INSERT INTO public.test_effects (key, payload) VALUES ($1, convert_to($2::text, 'UTF8'))`, d.Key, string(d.Payload))
+		return nil, err
+	})
+	b.start(t, cfg)
+	testenv.Eventually(t, 45*time.Second, "dead-lettered", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 1 })
+	if n := calls.Load(); n != 1 {
+		t.Errorf("handler calls = %d, want 1: a data error is not retried", n)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-nul' AND reason LIKE 'permanent handler error: the database refuses%22021%'`); n != 1 {
+		t.Errorf("dead letters naming the data error = %d, want 1", n)
+	}
+}

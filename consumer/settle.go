@@ -4,9 +4,13 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/otelmsg"
@@ -33,6 +37,8 @@ func (c *Consumer) fail(ctx context.Context, d *Delivery, attempt int, err error
 	switch {
 	case IsPermanent(err):
 		c.deadLetter(ctx, d, fmt.Sprintf("%s: %v", reasonPermanent, err))
+	case dataError(err):
+		c.deadLetter(ctx, d, fmt.Sprintf("%s: the database refuses the message's data, which no retry can change: %v", reasonPermanent, err))
 	case attempt >= c.cfg.MaxDeliver:
 		c.deadLetter(ctx, d, fmt.Sprintf("%s: failed %d attempts (%d deliveries), last error: %v",
 			reasonMaxDeliver, attempt, d.Deliveries, err))
@@ -41,6 +47,14 @@ func (c *Consumer) fail(ctx context.Context, d *Delivery, attempt int, err error
 		c.log.WarnContext(ctx, "handler failed; will retry", "key", d.Key, "attempt", attempt, "retry_in", delay, "err", err)
 		c.retryLater(d, delay)
 	}
+}
+
+// dataError reports a Postgres data exception (SQLSTATE class 22: a NUL in a text
+// value, invalid UTF-8, a number out of range, a malformed date): the message's data
+// is wrong for the handler's statements, and running it again cannot succeed.
+func dataError(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "22")
 }
 
 // retryLater hands d back to the broker for redelivery after delay.
