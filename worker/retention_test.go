@@ -35,8 +35,8 @@ func TestCollectOnceDeletesExpiredDeadLetters(t *testing.T) {
 	}
 	insert := func(key, createdAgo, inboxExpires, replayed string, n int) {
 		t.Helper()
-		exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, created_at, inbox_expires_at, replayed_at)
-		      SELECT 'c', $1 || '-' || g, 'test.x', '\x00', 'test', now() - $2::interval, `+inboxExpires+`, `+replayed+`
+		exec(`INSERT INTO idem_dead_letters (consumer, key, subject, message, payload, reason, created_at, inbox_expires_at, replayed_at)
+		      SELECT 'c', $1 || '-' || g, 'test.x', 'test.x', '\x00', 'test', now() - $2::interval, `+inboxExpires+`, `+replayed+`
 		      FROM generate_series(1, $3::int) g`, key, createdAgo, n)
 	}
 	retention := "720 hours" // DefaultDeadLetterRetention
@@ -116,9 +116,9 @@ func TestCollectorOnPartitionedTables(t *testing.T) {
 		}
 	}
 	// Rows from before the conversion: expired, and one live.
-	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-	      SELECT 'c', 'legacy-' || g, '\x00', 'done', now() - interval '1 second' FROM generate_series(1, 5) g`)
-	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at) VALUES ('c', 'legacy-live', '\x00', 'done', now() + interval '1 hour')`)
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      SELECT 'c', 'legacy-' || g, 'test.x', '\x00', 'done', now() - interval '1 second' FROM generate_series(1, 5) g`)
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at) VALUES ('c', 'legacy-live', 'test.x', '\x00', 'done', now() + interval '1 hour')`)
 	if _, err := partition.Convert(ctx, db.Pool, partition.Config{}); err != nil {
 		t.Fatal(err)
 	}
@@ -126,16 +126,16 @@ func TestCollectorOnPartitionedTables(t *testing.T) {
 	if _, err := partition.Maintain(ctx, db.Pool, partition.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-	      SELECT 'c', 'new-' || g, '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, 5) g`)
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      SELECT 'c', 'new-' || g, 'test.x', '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, 5) g`)
 
 	// A past day, as a database converted long ago has it, holding expired keys;
 	// the first row of each partition sits at ctid (0,1), like the default's first.
 	day := time.Now().UTC().Truncate(partition.Day).AddDate(0, 0, -2)
 	exec(fmt.Sprintf(`CREATE TABLE idem_inbox_p%s PARTITION OF idem_inbox FOR VALUES FROM ('%s') TO ('%s')`,
 		day.Format("20060102"), day.Format(time.RFC3339), day.AddDate(0, 0, 1).Format(time.RFC3339)))
-	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-	      SELECT 'c', 'past-' || g, '\x00', 'done', $1::timestamptz + interval '1 hour' FROM generate_series(1, 7) g`, day)
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      SELECT 'c', 'past-' || g, 'test.x', '\x00', 'done', $1::timestamptz + interval '1 hour' FROM generate_series(1, 7) g`, day)
 
 	var mu sync.Mutex
 	dropped := 0

@@ -341,10 +341,10 @@ func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 		}
 	}
 	// 2500 expired and 10 live inbox rows.
-	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-	      SELECT 'c', 'old-' || g, '\x00', 'done', now() - interval '1 second' FROM generate_series(1, 2500) g`)
-	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
-	      SELECT 'c', 'live-' || g, '\x00', 'done', now() + interval '1 hour' FROM generate_series(1, 10) g`)
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      SELECT 'c', 'old-' || g, 'test.x', '\x00', 'done', now() - interval '1 second' FROM generate_series(1, 2500) g`)
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      SELECT 'c', 'live-' || g, 'test.x', '\x00', 'done', now() + interval '1 hour' FROM generate_series(1, 10) g`)
 	exec(`INSERT INTO idem_requests (scope, key, fingerprint, method, path, expires_at) VALUES
 	      ('', 'old', '\x00', 'POST', '/', now() - interval '1 second'),
 	      ('', 'live', '\x00', 'POST', '/', now() + interval '1 hour')`)
@@ -358,8 +358,8 @@ func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 	// the message); expired attempt counts go too, live ones stay.
 	exec(`INSERT INTO idem_outbox (key, subject, msg_id, payload, dead_lettered_at, expires_at) VALUES
 	      ('d', 'test.x', 'd', '\x00', now(), now() - interval '1 second')`)
-	exec(`INSERT INTO idem_attempts (consumer, key, attempts, expires_at) VALUES
-	      ('c', 'old', 3, now() - interval '1 second'), ('c', 'live', 2, now() + interval '1 hour')`)
+	exec(`INSERT INTO idem_attempts (consumer, key, message, attempts, expires_at) VALUES
+	      ('c', 'old', 'test.x', 3, now() - interval '1 second'), ('c', 'live', 'test.x', 2, now() + interval '1 hour')`)
 
 	w, err := worker.New(db.Pool, env.NC, worker.Config{
 		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}, Retention: worker.RetentionConfig{BatchSize: 1000}})
