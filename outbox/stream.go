@@ -20,7 +20,8 @@ type StreamConfig struct {
 	Subjects []string
 	// MaxAge is how long the stream keeps a message (default DefaultStreamMaxAge).
 	// It must be shorter than the inbox key lifetime: a message older than every
-	// remembered key would run its effect again if redelivered.
+	// remembered key would run its effect again if redelivered. It applies when
+	// EnsureStream creates the stream; an existing stream keeps its own.
 	MaxAge time.Duration
 	// Duplicates is JetStream's Msg-Id de-duplication window (default 2m).
 	Duplicates time.Duration

@@ -35,7 +35,9 @@ type Config struct {
 
 	// Stream is the user's stream. Start creates it when absent (an existing one
 	// is left as its operator tuned it), and its real MaxAge enters the lifetime
-	// invariant. Its Subjects bound what the outbox accepts.
+	// invariant: a configured MaxAge that differs from it is refused when it
+	// breaks the invariant and warned about otherwise. Its Subjects bound what the
+	// outbox accepts.
 	Stream outbox.StreamConfig
 
 	// Relay tunes the outbox relay; Schema and Stream are filled in.

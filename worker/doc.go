@@ -32,14 +32,22 @@
 // # The lifetime invariant
 //
 // A key must be remembered longer than any window in which its intent can still
-// arrive, or a late arrival runs the effect a second time. Start reads the stream's
-// real MaxAge (an operator may have changed it), computes each consumer's
-// redelivery horizon (consumer.Config.RedeliveryHorizon) and takes the clients'
-// re-send horizon (Config.ClientResendHorizon), and refuses to start — naming the
-// numbers — unless, for every consumer, the inbox key lifetime exceeds all three,
-// and the request key lifetime of the ingress exceeds the clients' re-send horizon.
-// Lifetimes reports what was checked. Storage is bounded by retention, never by
-// shortening a lifetime.
+// arrive, or a late arrival runs the effect a second time. For every consumer of the
+// stream registered in the installation (this worker's, by their configuration;
+// other processes', by what they registered: package reconcile), the inbox key
+// lifetime must exceed the stream's MaxAge, the consumer's redelivery horizon
+// (consumer.Config.RedeliveryHorizon) and the clients' re-send horizon
+// (Config.ClientResendHorizon); the ingress's request key lifetime must exceed the
+// clients' re-send horizon. Start judges this before it creates an absent stream
+// (with the configured MaxAge), and against the real stream when it exists, and
+// refuses to start, naming the numbers; when the existing stream's MaxAge is the
+// cause, the error says to edit the stream, which a corrected configuration cannot
+// do. A configured MaxAge that differs from the existing stream's is refused if it
+// breaks the invariant and warned about if not. While the worker runs, its stream
+// keeper judges again every few seconds, so that an edited stream or a newly
+// registered consumer that breaks the invariant makes Ready fail, naming the
+// numbers, until it is repaired. Lifetimes reports what was last judged. Storage is
+// bounded by retention, never by shortening a lifetime.
 //
 // # Ingress
 //

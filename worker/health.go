@@ -21,7 +21,8 @@ func (w *Worker) LiveHandler() http.Handler {
 
 // ReadyHandler answers 200 only while the worker can do its work: started, no
 // component failed, Postgres answering, NATS connected, the stream and every
-// durable consumer present (or recreated). Otherwise 503, with one line
+// durable consumer present (or recreated), and the lifetime invariant holding for
+// the stream's current MaxAge and every registered consumer. Otherwise 503, with one line
 // per problem that names the dependency but never echoes a driver's error (which
 // would show user, host and database to whoever can reach the port); the errors
 // are logged.
@@ -59,8 +60,9 @@ func (w *Worker) Ready(ctx context.Context) []string {
 	if st := w.nc.Status(); st != nats.CONNECTED {
 		problems = append(problems, "nats: "+strings.ToLower(st.String()))
 	} else {
-		// A missing stream or durable consumer names itself: no driver error in
-		// these, only the names the operator configured.
+		// A missing stream or durable consumer, or a broken lifetime invariant,
+		// names itself: no driver error in these, only the names and numbers the
+		// operators configured.
 		if err := w.keeper.Health(); err != nil {
 			problems = append(problems, err.Error())
 		}

@@ -35,8 +35,8 @@ func TestCollectOnceDeletesExpiredDeadLetters(t *testing.T) {
 	}
 	insert := func(key, createdAgo, inboxExpires, replayed string, n int) {
 		t.Helper()
-		exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, created_at, inbox_expires_at, replayed_at)
-		      SELECT 'c', $1 || '-' || g, 'test.x', '\x00', 'test', now() - $2::interval, `+inboxExpires+`, `+replayed+`
+		exec(`INSERT INTO idem_dead_letters (consumer, key, subject, message, payload, reason, created_at, inbox_expires_at, replayed_at)
+		      SELECT 'c', $1 || '-' || g, 'test.x', 'test.x', '\x00', 'test', now() - $2::interval, `+inboxExpires+`, `+replayed+`
 		      FROM generate_series(1, $3::int) g`, key, createdAgo, n)
 	}
 	retention := "720 hours" // DefaultDeadLetterRetention

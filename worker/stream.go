@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/reconcile"
 )
 
 // checkStream judges the real stream's configuration against what the worker needs,
@@ -89,14 +90,91 @@ func filterCovers(outer, inner string) bool {
 	return len(ot) == len(it)
 }
 
-// streamKeeper recreates the worker's stream when it goes missing (an operator
-// deleted it, or a broker lost its store), so that the relay has somewhere to
-// publish and the consumers can recreate their durable consumers; the reconciler
-// re-drives what was lost with it. While it cannot, Health says so.
+// prepareStream makes the worker's stream ready to use, judging the lifetime
+// invariant first: against the configured MaxAge before the stream is created (a
+// stream created with a MaxAge the invariant forbids keeps it after the
+// configuration is corrected), then against the stream the broker holds, whose
+// operator may have set another. Every consumer registered in the installation is
+// judged, not only this worker's. A configured MaxAge that differs from the
+// stream's is refused when it breaks the invariant (the keeper recreates a lost
+// stream with it), and warned about otherwise.
+func (w *Worker) prepareStream(ctx context.Context) (*jetstream.StreamInfo, error) {
+	name, configured := w.cfg.Stream.Name, w.cfg.Stream.WithDefaults().MaxAge
+	registered, err := w.registered(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	info, err := w.streamInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if info == nil {
+		if j := w.judgeLifetimes(configured, registered); !j.ok() {
+			err := fmt.Errorf("worker: refusing to start: stream %s does not exist, and was not created, since its configured MaxAge %s breaks the lifetime invariant: %w", name, configured, j.err())
+			if j.streamBound() {
+				err = fmt.Errorf("%w; Config.Stream.MaxAge must be shorter than %s", err, j.shortest)
+			}
+			return nil, err
+		}
+		s, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream)
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		if info, err = s.Info(ctx); err != nil {
+			return nil, fmt.Errorf("worker: stream %s: %w", name, err)
+		}
+	}
+	j := w.judgeLifetimes(info.Config.MaxAge, registered)
+	if !j.ok() {
+		return nil, fmt.Errorf("worker: refusing to start: %w", w.streamEditError(name, j))
+	}
+	if set := w.cfg.Stream.MaxAge; set != 0 && set != info.Config.MaxAge {
+		if cj := w.judgeLifetimes(set, registered); !cj.ok() {
+			return nil, fmt.Errorf("worker: refusing to start: the configured MaxAge %s differs from stream %s's MaxAge %s and breaks the lifetime invariant (the worker recreates the stream with it if the stream is lost); configure the stream's %s, or any MaxAge the invariant allows: %w",
+				set, name, info.Config.MaxAge, info.Config.MaxAge, cj.err())
+		}
+		w.log.WarnContext(ctx, fmt.Sprintf("worker: stream %s: configured MaxAge %s differs from the stream's MaxAge %s, which stays (an existing stream is left as its operator made it; the configured MaxAge applies when the worker creates it). To apply it: nats stream edit %s --max-age %s",
+			name, set, info.Config.MaxAge, name, cliDuration(set)),
+			"stream", name, "configured_max_age", set, "stream_max_age", info.Config.MaxAge)
+	}
+	w.lifetimes, w.keeper.registered = j.lifetimes, registered
+	for _, l := range j.lifetimes {
+		w.log.InfoContext(ctx, "key lifetimes checked", "for", l.For, "inbox", l.InboxKey, "requests", l.RequestKey,
+			"stream_max_age", l.StreamMaxAge, "redelivery_horizon", l.Redelivery, "client_resend", l.ClientResend)
+	}
+	return info, nil
+}
+
+// streamInfo reads the stream's state and configuration from the broker, or nil
+// when the stream does not exist.
+func (w *Worker) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
+	s, err := w.js.Stream(ctx, w.cfg.Stream.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("worker: look up stream %s: %w", w.cfg.Stream.Name, err)
+	}
+	return s.CachedInfo(), nil
+}
+
+// streamKeeper watches the worker's stream. It recreates it when it goes missing
+// (an operator deleted it, or a broker lost its store), so that the relay has
+// somewhere to publish and the consumers can recreate their durable consumers; the
+// reconciler re-drives what was lost with it. And it re-judges the lifetime
+// invariant against the stream's configuration and the registry as they are now:
+// an operator may edit the stream's MaxAge, and another process may register a
+// consumer, while this worker runs. While the stream is missing or the invariant
+// broken, Health says so, naming the numbers.
 type streamKeeper struct {
 	w        *Worker
 	interval time.Duration
 	health   atomic.Pointer[error]
+
+	// Only the keeper's goroutine touches these.
+	registered []reconcile.Consumer // as last read: kept while Postgres does not answer
+	reported   string               // the violation last logged, so each is logged once
+	unread     bool                 // the registry could not be read on the last tick
 }
 
 func (k *streamKeeper) run(ctx context.Context) error {
@@ -114,28 +192,78 @@ func (k *streamKeeper) run(ctx context.Context) error {
 
 func (k *streamKeeper) check(ctx context.Context) {
 	w := k.w
-	_, err := w.js.Stream(ctx, w.cfg.Stream.Name)
-	switch {
-	case err == nil:
-		k.health.Store(nil)
-		return
-	case !errors.Is(err, jetstream.ErrStreamNotFound):
+	name := w.cfg.Stream.Name
+	info, err := w.streamInfo(ctx)
+	if err != nil {
 		if ctx.Err() == nil {
-			w.log.WarnContext(ctx, "worker: cannot check the stream", "stream", w.cfg.Stream.Name, "err", err)
+			w.log.WarnContext(ctx, "worker: cannot check the stream", "stream", name, "err", err)
 		}
 		return // the broker's own trouble, which readiness reports as such
 	}
-	if _, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream); err != nil {
-		problem := fmt.Errorf("stream %s: missing, and recreating it failed", w.cfg.Stream.Name)
-		k.health.Store(&problem)
-		w.log.ErrorContext(ctx, "worker: stream missing; recreating it failed", "stream", w.cfg.Stream.Name, "err", err)
+	k.readRegistry(ctx)
+	if info == nil {
+		configured := w.cfg.Stream.WithDefaults().MaxAge
+		if j := w.judgeLifetimes(configured, k.registered); !j.ok() {
+			// Recreating it would break the invariant, and the stream would keep
+			// the MaxAge: better no stream, and readiness failing, until fixed.
+			k.report(ctx, fmt.Errorf("stream %s: missing, and not recreated: its configured MaxAge %s breaks the lifetime invariant: %v", name, configured, j.err()))
+			return
+		}
+		s, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream)
+		if err != nil {
+			problem := fmt.Errorf("stream %s: missing, and recreating it failed", name)
+			k.health.Store(&problem)
+			w.log.ErrorContext(ctx, "worker: stream missing; recreating it failed", "stream", name, "err", err)
+			return
+		}
+		w.log.WarnContext(ctx, "worker: stream was missing; recreated it (the reconciler re-drives what it held)", "stream", name)
+		info = s.CachedInfo()
+	}
+	j := w.judgeLifetimes(info.Config.MaxAge, k.registered)
+	w.mu.Lock()
+	w.lifetimes = j.lifetimes
+	w.mu.Unlock()
+	if !j.ok() {
+		k.report(ctx, w.streamEditError(name, j))
 		return
 	}
-	k.health.Store(nil)
-	w.log.WarnContext(ctx, "worker: stream was missing; recreated it (the reconciler re-drives what it held)", "stream", w.cfg.Stream.Name)
+	k.report(ctx, nil)
 }
 
-// Health is why the stream is unusable, or nil.
+// readRegistry refreshes the registry's copy; while Postgres does not answer the
+// last one stands (readiness reports Postgres itself).
+func (k *streamKeeper) readRegistry(ctx context.Context) {
+	reg, err := k.w.registered(ctx)
+	if err != nil {
+		if !k.unread && ctx.Err() == nil {
+			k.w.log.WarnContext(ctx, "worker: cannot read the consumer registry; judging the lifetime invariant by the last one read", "err", err)
+		}
+		k.unread = true
+		return
+	}
+	k.registered, k.unread = reg, false
+}
+
+// report sets Health to problem (nil: healthy) and logs a change once: an
+// operator sees each new violation, and its repair, without one line per tick.
+func (k *streamKeeper) report(ctx context.Context, problem error) {
+	if problem == nil {
+		k.health.Store(nil)
+		if k.reported != "" {
+			k.w.log.InfoContext(ctx, "worker: the lifetime invariant holds again", "stream", k.w.cfg.Stream.Name)
+		}
+		k.reported = ""
+		return
+	}
+	k.health.Store(&problem)
+	if msg := problem.Error(); msg != k.reported {
+		k.w.log.ErrorContext(ctx, "worker: the lifetime invariant is broken; not ready until it is repaired (a late redelivery would run its effect twice)",
+			"stream", k.w.cfg.Stream.Name, "err", msg)
+		k.reported = msg
+	}
+}
+
+// Health is why the stream is unusable, or the lifetime invariant broken, or nil.
 func (k *streamKeeper) Health() error {
 	if p := k.health.Load(); p != nil {
 		return *p

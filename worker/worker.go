@@ -178,10 +178,15 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 
 // Start prepares the installation and starts every component in the background:
 // it applies the migrations (with NoMigrate it only checks that they were applied,
-// and fails naming the missing ones), creates the stream when absent,
-// checks the lifetime invariant against the stream's real MaxAge — and refuses to
-// start, naming the numbers, when a key could be forgotten while its intent can
-// still arrive — and then runs the consumers, the relay and the collector.
+// and fails naming the missing ones), then judges the lifetime invariant — against
+// the configured MaxAge before it creates an absent stream, against the stream's
+// real configuration when it exists, for every consumer registered in the
+// installation and for the clients' re-send horizon — and refuses to start, naming
+// the numbers, when a key could be forgotten while its intent can still arrive.
+// Then it runs the consumers, the relay, the reconciler, the collector and the
+// stream keeper, which judges the invariant again every few seconds, so that an
+// edited stream or a newly registered consumer that breaks it makes the worker
+// unready (see Ready).
 //
 // ctx bounds the start-up only; the components run until Stop (or until one of
 // them fails, which stops the others: see Done and Err). Values ctx carries, such as
@@ -206,13 +211,9 @@ func (w *Worker) Start(ctx context.Context) error {
 			w.log.InfoContext(ctx, "schema migrated", "applied", applied)
 		}
 	}
-	stream, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream)
+	info, err := w.prepareStream(ctx)
 	if err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("worker: stream %s: %w", w.cfg.Stream.Name, err)
+		return err
 	}
 	filters := map[string]string{}
 	for _, c := range w.consumers {
@@ -224,15 +225,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	for _, warning := range warnings {
 		w.log.WarnContext(ctx, "worker: "+warning)
-	}
-	lifetimes, err := w.checkLifetimes(info.Config.MaxAge)
-	if err != nil {
-		return fmt.Errorf("worker: refusing to start: %w", err)
-	}
-	w.lifetimes = lifetimes
-	for _, l := range lifetimes {
-		w.log.InfoContext(ctx, "key lifetimes checked", "for", l.For, "inbox", l.InboxKey, "requests", l.RequestKey,
-			"stream_max_age", l.StreamMaxAge, "redelivery_horizon", l.Redelivery, "client_resend", l.ClientResend)
 	}
 
 	// Partitions first, so a partitioned inbox has today's and the days ahead
@@ -345,8 +337,11 @@ func (w *Worker) Consumers() []consumer.Config {
 	return out
 }
 
-// Lifetimes returns the windows the invariant checked at Start, one per consumer
-// (and one for the ingress), or nil before Start.
+// Lifetimes returns the windows the lifetime invariant last judged, one set per
+// consumer of the stream in the installation (this worker's and those other
+// processes registered) and one for the ingress, against the stream's MaxAge at
+// that moment: at Start, then at each of the stream keeper's checks. Nil before
+// Start.
 func (w *Worker) Lifetimes() []Lifetime {
 	w.mu.Lock()
 	defer w.mu.Unlock()
