@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/pgtest"
 	"github.com/idemkit/idem/migrations"
@@ -129,8 +130,12 @@ func TestUpgradeToV5KeepsEveryRowsMeaning(t *testing.T) {
 				t.Fatalf("lease after completing the old row = %+v, %v; want done", r, err)
 			}
 
-			if n := db.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-dead' AND message = 'idem.payments.charge'`); n != 1 {
-				t.Errorf("the v4 dead letter's message was not set from its subject")
+			dls, err := consumer.NewDeadLetters(db.Pool, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if list, err := dls.List(ctx, 10); err != nil || len(list) != 1 || list[0].Message != "idem.payments.charge" {
+				t.Errorf("the v4 dead letter = %+v, %v; want its message to be its subject", list, err)
 			}
 			if n := db.Count(t, `SELECT count(*) FROM idem_attempts WHERE key = 'k-tried' AND message = ''`); n != 1 {
 				t.Errorf("the v4 attempt count is gone")

@@ -723,19 +723,31 @@ func (r *Relay) publishAsync(ctx context.Context, rows []outboxRow, msgs []*nats
 			continue
 		}
 		// The deadline's Done stays closed once it fires, so every future still
-		// waiting fails at once instead of one per timer tick.
+		// waiting fails at once instead of one per timer tick; one answered by
+		// then keeps its answer (a refusal is not a timeout: a timed-out publish
+		// may have been stored after all, a refused one was not).
+		var ack *jetstream.PubAck
+		var err error
 		select {
-		case ack := <-f.Ok():
-			// A duplicate's PubAck names the sequence of the message it was folded
-			// into: where this intent's message is.
-			ok.ids = append(ok.ids, rows[i].id)
-			ok.streams = append(ok.streams, ack.Stream)
-			ok.seqs = append(ok.seqs, int64(ack.Sequence))
-		case err := <-f.Err():
-			failed[rows[i].id] = err
+		case ack = <-f.Ok():
+		case err = <-f.Err():
 		case <-deadline.Done():
-			failed[rows[i].id] = fmt.Errorf("no PubAck within PublishTimeout %s", r.cfg.PublishTimeout)
+			select {
+			case ack = <-f.Ok():
+			case err = <-f.Err():
+			default:
+				err = fmt.Errorf("no PubAck within PublishTimeout %s", r.cfg.PublishTimeout)
+			}
 		}
+		if err != nil {
+			failed[rows[i].id] = err
+			continue
+		}
+		// A duplicate's PubAck names the sequence of the message it was folded
+		// into: where this intent's message is.
+		ok.ids = append(ok.ids, rows[i].id)
+		ok.streams = append(ok.streams, ack.Stream)
+		ok.seqs = append(ok.seqs, int64(ack.Sequence))
 	}
 	return ok, failed
 }
