@@ -63,10 +63,22 @@ type Case struct {
 	PayloadFor func(key string) []byte
 	// Effects counts the handler's effects for a scoped key: rows of the user's
 	// table for an in-transaction handler, the downstream's executions (a fake's
-	// count) for an External. Required: this count is what the check asserts.
+	// count) for an External. A fake downstream sees the key the handler derived
+	// with Effect.KeyFor, not the scoped key: KeyFor(key, purpose) is that key.
+	// Required: this count is what the check asserts.
 	Effects func(ctx context.Context, pool *pgxpool.Pool, key string) (int, error)
 	// Timeout bounds each wait (default DefaultTimeout).
 	Timeout time.Duration
+}
+
+// KeyFor returns the key an External handler presents downstream for purpose when
+// it performs the effect of scoped key key: what consumer.Effect.KeyFor returns on
+// every attempt at that key. Case.Effects uses it to count a fake downstream's
+// executions under the key the downstream saw.
+func KeyFor(key, purpose string) string {
+	// Effect.KeyFor itself, so the two cannot drift apart.
+	e := &consumer.Effect{Delivery: &consumer.Delivery{Message: idem.Message{Key: key}}}
+	return e.KeyFor(purpose)
 }
 
 // plan is a validated Case with its defaults filled in and its keys minted.

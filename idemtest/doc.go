@@ -29,7 +29,9 @@
 //
 // Effects is the heart of a Case: it counts the handler's effects for one key
 // (rows of the user's table; for an External handler, the executions a fake
-// downstream counted), and every scenario asserts that count is exactly 1. Check
+// downstream counted under the key the handler presented, which KeyFor derives
+// from the scoped key as Effect.KeyFor does), and every scenario asserts that
+// count is exactly 1. Check
 // does the same without a testing.T and returns a Report (for TestMain, Example
 // functions, or a test that expects a failure).
 //

@@ -1,6 +1,7 @@
 package idemtest_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -229,8 +230,8 @@ func (c *callLog) effects(_ context.Context, _ *pgxpool.Pool, key string) (int, 
 }
 
 // downstream is a fake provider over HTTP. It executes a request (counting it
-// under the intent named in the body) unless it honours Idempotency-Key and has
-// executed that key before, in which case it replays the first answer.
+// under its Idempotency-Key) unless it honours the key and has executed that key
+// before, in which case it replays the first answer.
 type downstream struct {
 	honours bool
 	mu      sync.Mutex
@@ -239,10 +240,9 @@ type downstream struct {
 }
 
 func (f *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	intent := r.FormValue("intent")
 	key := r.Header.Get("Idempotency-Key")
-	if intent == "" || key == "" {
-		http.Error(w, "intent and Idempotency-Key required", http.StatusBadRequest)
+	if key == "" {
+		http.Error(w, "Idempotency-Key required", http.StatusBadRequest)
 		return
 	}
 	f.mu.Lock()
@@ -253,21 +253,26 @@ func (f *downstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.seen[key] = true
 	f.mu.Unlock()
 	if !replay {
-		f.calls.add(intent)
+		f.calls.add(key)
 	}
-	_, _ = fmt.Fprintf(w, "sent %s", intent)
+	_, _ = fmt.Fprint(w, "sent")
 }
 
-// sender is the External handler under test: it posts the intent downstream with
+// effects is Case.Effects for sender: the downstream's executions under the key
+// the handler derived from the scoped key, which idemtest.KeyFor derives alike.
+func (f *downstream) effects(ctx context.Context, pool *pgxpool.Pool, key string) (int, error) {
+	return f.calls.effects(ctx, pool, idemtest.KeyFor(key, "send"))
+}
+
+// sender is the External handler under test: it posts the payload downstream with
 // the key derived for its purpose, the same on every attempt.
 func sender(url string) consumer.ExternalHandler {
 	client := &http.Client{Timeout: 10 * time.Second}
 	return consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader("intent="+e.Key))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(e.Payload))
 		if err != nil {
 			return nil, consumer.Permanent(err)
 		}
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 		req.Header.Set("Idempotency-Key", e.KeyFor("send"))
 		resp, err := client.Do(req)
 		if err != nil {
@@ -301,7 +306,7 @@ func TestExternalHandler(t *testing.T) {
 			r, err := idemtest.Check(t.Context(), env, idemtest.Case{
 				Consumer: consumer.Config{Name: "mailer", Subject: subject, External: sender(srv.URL)},
 				Message:  message(),
-				Effects:  fake.calls.effects,
+				Effects:  fake.effects,
 			})
 			if err != nil {
 				t.Fatal(err)

@@ -155,6 +155,11 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, cfg Config) ([]string, error
 // ErrNotMigrated is returned (wrapped) by Check when the schema lacks migrations.
 var ErrNotMigrated = errors.New("migrations: schema not migrated")
 
+// howToMigrate ends Check's error. Most readers embed the library and have no
+// `worker` binary, so the library's calls come first.
+const howToMigrate = "apply it with migrations.Apply (what a worker does at Start without NoMigrate), " +
+	"or run the script migrations.SQL returns with your migration tool (the reference binary: `worker migrate`, or `worker migrate --print` for the script)"
+
 // Check reports whether every embedded migration has been applied to the schema,
 // without changing anything: what a worker started with NoMigrate verifies, so that
 // a missing migration is a clear error at start rather than failed statements later.
@@ -175,7 +180,7 @@ func Check(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
-			return fmt.Errorf("%w: schema %s has no idem_schema_migrations table: run `worker migrate`, or apply the SQL of `worker migrate --print`", ErrNotMigrated, schema)
+			return fmt.Errorf("%w: schema %s has no idem_schema_migrations table: %s", ErrNotMigrated, schema, howToMigrate)
 		}
 		return fmt.Errorf("migrations: check schema %s: %w", schema, err)
 	}
@@ -190,7 +195,7 @@ func Check(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
 		}
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: schema %s lacks %s: run `worker migrate`, or apply the SQL of `worker migrate --print`", ErrNotMigrated, schema, strings.Join(missing, ", "))
+		return fmt.Errorf("%w: schema %s lacks %s: %s", ErrNotMigrated, schema, strings.Join(missing, ", "), howToMigrate)
 	}
 	return nil
 }

@@ -108,3 +108,34 @@ func TestSQLIsWhatApplyWouldDo(t *testing.T) {
 		t.Errorf("running the printed SQL again: %v", err)
 	}
 }
+
+// Check's error names the way out in the library's terms: an embedder has no
+// `worker` binary, only migrations.Apply and migrations.SQL.
+func TestCheckNamesTheLibrarysWayOut(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	ctx := context.Background()
+	wantNamed := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, migrations.ErrNotMigrated) {
+			t.Fatalf("Check of %s = %v, want ErrNotMigrated", what, err)
+		}
+		for _, want := range []string{"migrations.Apply", "migrations.SQL", "`worker migrate`"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Check of %s does not name %s: %v", what, want, err)
+			}
+		}
+	}
+	wantNamed("an empty schema", migrations.Check(ctx, db.Pool, migrations.Config{}))
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `DELETE FROM idem_schema_migrations WHERE version = (SELECT max(version) FROM idem_schema_migrations)`); err != nil {
+		t.Fatal(err)
+	}
+	err := migrations.Check(ctx, db.Pool, migrations.Config{})
+	wantNamed("a schema missing its last migration", err)
+	if err != nil && !strings.Contains(err.Error(), "lacks") {
+		t.Errorf("Check does not say what is missing: %v", err)
+	}
+}

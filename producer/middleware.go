@@ -309,7 +309,14 @@ func (m *Middleware) Config() Config { return m.cfg }
 // than MaxResponseBytes; 422 key reused with a different method, path or body; 409 with
 // Retry-After when the first arrival is still running after Wait; 503 when the
 // database is unreachable. None of them stores anything.
+//
+// Wrap on a nil Middleware (a worker's Ingress when worker.Config.Ingress was left
+// out) logs the mistake once and returns a handler that never runs next and answers
+// every request 500 ingress_not_configured, saying so.
 func (m *Middleware) Wrap(next http.Handler) http.Handler {
+	if m == nil {
+		return notConfigured()
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		m.serve(w, r, next)
 	})

@@ -24,6 +24,9 @@ const DefaultClientResendHorizon = 24 * time.Hour
 // Config configures a Worker. Stream.Name and Stream.Subjects are required; the zero
 // value of every other field means its default, and every component's own zero
 // fields mean that component's defaults.
+//
+// The Config also says how many connections the worker's parts hold at once:
+// NewPool sizes the pool from it, and New warns about a pool that is smaller.
 type Config struct {
 	// Schema is the Postgres schema of the idem_* tables (default "public"). It is
 	// filled into every component below that leaves its own Schema empty.

@@ -317,7 +317,9 @@ func (w *Worker) Err() error {
 }
 
 // Ingress is the HTTP Idempotency-Key middleware built from Config.Ingress, or nil
-// when none was configured. Wrap the service's state-changing routes with it.
+// when none was configured. Wrap the service's state-changing routes with it. A
+// route wrapped by a nil Ingress answers 500 ingress_not_configured (see
+// producer.Middleware.Wrap).
 func (w *Worker) Ingress() *producer.Middleware { return w.ingress }
 
 // Outbox is the outbox the ingress enqueues into, bound to the stream's subjects;

@@ -3,15 +3,16 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"log"
 	"net/http"
 	"os"
 	"os/signal"
+	"syscall"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemkit/idem/consumer"
@@ -21,32 +22,36 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	// The effect: one shipment per order, written inside the inbox transaction.
+	ship := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, d.Key, d.Payload)
+		return nil, err
+	}
+	cfg := worker.Config{
+		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship)}},
+		Ingress:   &producer.Config{},
+	}
+	pool, err := worker.NewPool(ctx, os.Getenv("DATABASE_URL"), cfg) // sized for cfg's parts and its requests
 	check(err)
 	nc, err := nats.Connect(os.Getenv("NATS_URL"))
 	check(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (key text, body bytea);
 		CREATE TABLE IF NOT EXISTS shipments (key text, body bytea)`)
 	check(err)
-
-	// The effect: one shipment per order, written inside the inbox transaction.
-	ship := func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, d.Key, d.Payload)
-		return nil, err
-	}
-	w, err := worker.New(pool, nc, worker.Config{
-		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
-		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship)}},
-		Ingress:   &producer.Config{},
-	})
+	w, err := worker.New(pool, nc, cfg)
 	check(err)
 	check(w.Start(ctx)) // migrates idem's tables; refuses to start if a key could be forgotten too early
 
 	// The intent: the order row and its message commit together, once per Idempotency-Key.
 	createOrder := func(rw http.ResponseWriter, r *http.Request) {
-		in, _ := producer.IntentFrom(r.Context())
+		in, ok := producer.IntentFrom(r.Context())
+		if !ok { // not behind w.Ingress(): there is no transaction to write in
+			http.Error(rw, "not behind the Idempotency-Key middleware", http.StatusInternalServerError)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
 		if _, err := in.Tx.Exec(r.Context(), `INSERT INTO orders VALUES ($1, $2)`, in.ScopedKey(), body); err != nil {
 			http.Error(rw, err.Error(), http.StatusInternalServerError) // a 5xx rolls back; the retry runs again
@@ -60,8 +65,11 @@ func main() {
 	}
 	http.Handle("POST /orders", w.Ingress().Wrap(http.HandlerFunc(createOrder)))
 	http.Handle("GET /readyz", w.ReadyHandler())
-	go func() { log.Fatal(http.ListenAndServe(os.Getenv("ADDR"), nil)) }()
-	<-ctx.Done()
+	go func() { log.Fatal(http.ListenAndServe(cmp.Or(os.Getenv("ADDR"), "127.0.0.1:8080"), nil)) }()
+	select {
+	case <-ctx.Done(): // SIGINT or SIGTERM
+	case <-w.Done(): // a part of the worker failed: Stop returns why, and check exits non-zero
+	}
 	check(w.Stop(context.Background())) // in-flight batches commit and ack
 }
 
