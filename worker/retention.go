@@ -204,31 +204,38 @@ func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
 // Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
 // transaction is using right now is simply left for the next round. The worker is
 // the one place that knows every idem table, so retention's SQL lives here.
+//
+// Every statement reads and deletes its ctids in ONLY one relation: a ctid names a
+// row within one table, and through a partitioned parent the same ctid is a row in
+// each partition. Run against a table that was converted after the round looked
+// at its layout (partition.Convert), the plain statement finds no row in the
+// parent itself and deletes nothing; the next round collects the default
+// partition.
 var sqlCollect = []collectedTable{
 	{name: "idem_inbox", sql: `
-DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+DELETE FROM ONLY idem_inbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	{name: "idem_requests", sql: `
-DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+DELETE FROM ONLY idem_requests WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	// Published rows, and rows the relay dead-lettered (their dead letter holds the
 	// message), once their retention has passed; never a pending row. With a
 	// reconciler a published row has no expiry until the reconciler proves it
 	// complete (or gives up on it, past every horizon): never deleted by age alone.
 	{name: "idem_outbox", sql: `
-DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_outbox
+DELETE FROM ONLY idem_outbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_outbox
   WHERE (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) AND expires_at < now()
   LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	{name: "idem_attempts", sql: `
-DELETE FROM idem_attempts WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_attempts WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+DELETE FROM ONLY idem_attempts WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_attempts WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	// Past retention (by created_at, its index) and past the replay horizon:
 	// until then a replay is still allowed, and the row is its only record. A row
 	// with no horizon (filed before schema v3, or by the relay) goes by age alone.
 	{name: "idem_dead_letters", sql: `
-DELETE FROM idem_dead_letters WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_dead_letters
+DELETE FROM ONLY idem_dead_letters WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_dead_letters
   WHERE created_at < now() - $2::interval AND (inbox_expires_at IS NULL OR inbox_expires_at < now())
   LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 		args: func(c RetentionConfig) []any { return []any{c.deadLetterRetention()} }},

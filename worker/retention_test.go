@@ -172,3 +172,82 @@ func TestCollectorOnPartitionedTables(t *testing.T) {
 		t.Errorf("inbox keeps %q, want %q", left, want)
 	}
 }
+
+// A collection round that straddles the conversion of the inbox (partition.Convert
+// run between two of its batches) must not delete live keys. The round looked at
+// the layout once, while the table was plain; its next batch runs the plain
+// statement against the new partitioned parent, whose ctids repeat in every
+// partition: a ctid of an expired row of the default partition is also a live
+// key's in a day partition.
+func TestCollectorRoundStraddlingConversionKeepsLiveKeys(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewWith(t, pgtest.Options{NoMigrate: true}) // plain, even under IDEM_TEST_PARTITIONED=1
+	db := env.DB
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// Expired two days ago, so the conversion's default partition holds no row
+	// of today or later and today's partitions can be attached.
+	const expired, batch, live = 12, 5, 30
+	exec(`INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      SELECT 'c', 'expired-' || g, '\x00', 'done', now() - interval '2 days' FROM generate_series(1, $1::int) g`, expired)
+
+	converted := false
+	var convErr error
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream:    outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+		Retention: worker.RetentionConfig{BatchSize: batch},
+		Observer: func(e idem.Event) {
+			// After the round's first batch of the inbox: convert, make the days,
+			// and claim live keys in them, at the same ctids as the default's rows.
+			if converted || e.Component != idem.ComponentCollector || e.Name != "idem_inbox" || e.Outcome != worker.OutcomeDeleted {
+				return
+			}
+			converted = true
+			if _, convErr = partition.Convert(ctx, db.Pool, partition.Config{}); convErr != nil {
+				return
+			}
+			if _, convErr = partition.Maintain(ctx, db.Pool, partition.Config{}); convErr != nil {
+				return
+			}
+			_, convErr = db.Pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+			      SELECT 'c', 'live-' || g, '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, $1::int) g`, live)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.CollectOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !converted || convErr != nil {
+		t.Fatalf("the conversion within the round: ran %v, err %v", converted, convErr)
+	}
+	var where string
+	if err := db.Pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM idem_inbox WHERE key = 'live-1'`).Scan(&where); err != nil {
+		t.Fatal(err)
+	}
+	if where == "idem_inbox_default" {
+		t.Fatalf("the live keys went to the default partition: the test needs them in a day partition")
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'live-%'`); got != live {
+		t.Fatalf("%d of %d live keys are left after a round that straddled the conversion", got, live)
+	}
+	// The next round sees the partitioned layout and collects the default partition.
+	if _, err := w.CollectOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'expired-%'`); got != 0 {
+		t.Errorf("%d expired keys left after the next round, want 0", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'live-%'`); got != live {
+		t.Errorf("%d of %d live keys are left after the next round", got, live)
+	}
+}
