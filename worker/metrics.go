@@ -211,10 +211,12 @@ var (
 	descJSAck    = prometheus.NewDesc("idem_consumer_ack_pending_messages", "Messages delivered to the durable consumer and not yet acknowledged (num_ack_pending), by consumer.", []string{"consumer"}, nil)
 	descJSRedel  = prometheus.NewDesc("idem_consumer_redelivered_messages", "Messages delivered more than once and still unacknowledged (num_redelivered), by consumer.", []string{"consumer"}, nil)
 	descDead     = prometheus.NewDesc("idem_dead_letters", "Dead letters not yet replayed, by consumer (the relay's under \"(relay)\").", []string{"consumer"}, nil)
+	descHeld     = prometheus.NewDesc("idem_collector_clock_held", "1 while the collector holds because the database's clock jumped ahead of the worker's: no expired row is deleted, no partition dropped.", nil, nil)
+	descSkew     = prometheus.NewDesc("idem_collector_clock_skew_seconds", "How far the database's clock ran ahead of the worker's monotonic clock between the collector's last two rounds (negative: behind).", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead, descHeld, descSkew} {
 		ch <- d
 	}
 }
@@ -231,6 +233,15 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 
+	if w.collector != nil {
+		skew, held := w.collector.clock.state()
+		gauge(descSkew, skew.Seconds())
+		if held {
+			gauge(descHeld, 1)
+		} else {
+			gauge(descHeld, 0)
+		}
+	}
 	if b, err := w.outbox.Backlog(ctx, w.pool); err != nil {
 		failed(scrapeBacklog, err)
 	} else {

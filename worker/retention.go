@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,6 +40,67 @@ type collector struct {
 	log     *slog.Logger
 	observe idem.Observer
 	tables  []collectedTable
+	clock   *clockGuard
+}
+
+// clockJumpTolerance is how far the database's clock may run ahead of the
+// collector's own between two of its rounds before the collector holds. Every
+// expiry is measured by the database's clock (now()): a forward step of it, say a
+// wrong time source moving it three days on, would otherwise delete every key at
+// the next round while its intents can still arrive. Slow drift and the small
+// steps of time synchronisation stay far below it.
+const clockJumpTolerance = 5 * time.Minute
+
+// clockGuard compares the database's clock with this process's monotonic clock,
+// round to round. While the database's has run ahead by more than
+// clockJumpTolerance since the last round that agreed, the collector holds:
+// nothing is deleted and no partition is dropped. It resumes when the database's
+// clock comes back; a new process takes the database's clock as it finds it (the
+// way to accept a jump that was a correction).
+type clockGuard struct {
+	mono      func() time.Duration // this process's monotonic clock
+	tolerance time.Duration
+
+	mu       sync.Mutex
+	anchored bool
+	db       time.Time     // the database's clock at the last round that agreed
+	at       time.Duration // mono at that round
+	skew     time.Duration // how far the database's clock ran ahead at the last round
+	held     bool
+}
+
+func newClockGuard() *clockGuard {
+	start := time.Now()
+	return &clockGuard{mono: func() time.Duration { return time.Since(start) }, tolerance: clockJumpTolerance}
+}
+
+// check records the database's clock at a round and reports how far it ran ahead
+// of this process's since the last round that agreed, and whether to hold.
+func (g *clockGuard) check(dbNow time.Time) (skew time.Duration, hold bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	mono := g.mono()
+	if !g.anchored {
+		g.anchored, g.db, g.at = true, dbNow, mono
+		return 0, false
+	}
+	g.skew = dbNow.Sub(g.db) - (mono - g.at)
+	if g.skew > g.tolerance {
+		// Not re-anchored: the hold lasts while the jump does.
+		g.held = true
+		return g.skew, true
+	}
+	g.held = false
+	g.db, g.at = dbNow, mono
+	return g.skew, false
+}
+
+// state is what the metrics show: the last skew measured, and whether the
+// collector holds.
+func (g *clockGuard) state() (skew time.Duration, held bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.skew, g.held
 }
 
 type collectedTable struct {
@@ -55,7 +117,7 @@ type collectedTable struct {
 }
 
 func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
-	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe}
+	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe, clock: newClockGuard()}
 	for _, t := range sqlCollect {
 		if t.name == string(partition.Inbox) || t.name == string(partition.Outbox) {
 			t.defaultSQL = strings.ReplaceAll(t.sql, t.name, partition.DefaultPartition(schema, partition.Table(t.name)))
@@ -123,8 +185,21 @@ func (c *collector) run(ctx context.Context) error {
 }
 
 // collectOnce maintains the partitions, then deletes every expired row, batch by
-// batch, and returns how many rows it deleted.
+// batch, and returns how many rows it deleted. It does neither while the
+// database's clock has jumped ahead of this process's (clockGuard).
 func (c *collector) collectOnce(ctx context.Context) (total int64, err error) {
+	var dbNow time.Time
+	if err := c.pool.QueryRow(ctx, sqlCollectorNow).Scan(&dbNow); err != nil {
+		return 0, fmt.Errorf("collect: read the database's clock: %w", err)
+	}
+	if skew, hold := c.clock.check(dbNow); hold {
+		return 0, fmt.Errorf("collect: held: the database's clock ran %s ahead of this worker's since the collector's last round (more than %s), "+
+			"so every expiry came that much early; nothing is deleted and no partition is dropped until it comes back. "+
+			"If the database's new time is the right one, restart the worker", skew.Round(time.Second), clockJumpTolerance)
+	} else if skew < -clockJumpTolerance {
+		c.log.WarnContext(ctx, "collector: the database's clock went back since the last round; keys are kept that much longer",
+			"by", (-skew).Round(time.Second))
+	}
 	// A failed maintenance does not hold up the row deletes; the round reports it.
 	if merr := c.maintainPartitions(ctx); merr != nil {
 		defer func() { err = errors.Join(err, merr) }()
@@ -200,6 +275,9 @@ func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
 	}
 	return n, nil
 }
+
+// sqlCollectorNow is the database's clock, by which every expiry is measured.
+const sqlCollectorNow = `SELECT now()`
 
 // Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
 // transaction is using right now is simply left for the next round. The worker is
