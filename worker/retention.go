@@ -41,6 +41,9 @@ type collector struct {
 	observe idem.Observer
 	tables  []collectedTable
 	clock   *clockGuard
+
+	mu      sync.Mutex
+	waiting map[partition.Table]time.Time // the partitions_from last warned about, per table
 }
 
 // clockJumpTolerance is how far the database's clock may run ahead of the
@@ -152,6 +155,20 @@ func (c *collector) maintainPartitions(ctx context.Context) error {
 	for _, d := range r.Deferred {
 		c.log.WarnContext(ctx, "collector: partition maintenance deferred", "why", d)
 	}
+	// A table converted while in use waits about one key lifetime for its day
+	// partitions: said once, and again when the day it waits for changes.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[partition.Table]time.Time{}
+	for _, wt := range r.Waiting {
+		seen[wt.Table] = wt.From
+		if prev, ok := c.waiting[wt.Table]; ok && prev.Equal(wt.From) {
+			continue
+		}
+		c.log.WarnContext(ctx, "collector: day partitions wait for the default partition: "+wt.String(),
+			"table", wt.Table, "default_holds_until", wt.Until, "partitions_from", wt.From, "days", len(wt.Days))
+	}
+	c.waiting = seen
 	return nil
 }
 

@@ -3,7 +3,9 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -249,5 +251,70 @@ func TestCollectorRoundStraddlingConversionKeepsLiveKeys(t *testing.T) {
 	}
 	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'live-%'`); got != live {
 		t.Errorf("%d of %d live keys are left after the next round", got, live)
+	}
+}
+
+// logBuffer collects log lines from any goroutine.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// After an inbox in use is converted, its live keys keep the days they cover
+// from having partitions. The collector warns, once, naming until when the
+// default partition holds them and from which day on partitions are attached.
+func TestCollectorWarnsOfDaysWaitingForTheDefaultPartition(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewWith(t, pgtest.Options{NoMigrate: true})
+	db := env.DB
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, fingerprint, status, expires_at)
+	      VALUES ('c', 'live', '\x00', 'done', now() + interval '72 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := partition.Convert(ctx, db.Pool, partition.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := w.CollectOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "level=WARN") && strings.Contains(l, "table=idem_inbox") && strings.Contains(l, "wait for the default partition") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d warnings of the inbox's days waiting, want 1 in two rounds:\n%s", len(lines), logs.String())
+	}
+	for _, want := range []string{"default_holds_until=", "partitions_from=", "day partitions can be attached from"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("the warning lacks %q: %s", want, lines[0])
+		}
 	}
 }
