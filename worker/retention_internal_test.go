@@ -20,7 +20,7 @@ type fakeMono struct {
 	d  time.Duration
 }
 
-func (f *fakeMono) now() time.Duration { f.mu.Lock(); defer f.mu.Unlock(); return f.d }
+func (f *fakeMono) now() time.Duration  { f.mu.Lock(); defer f.mu.Unlock(); return f.d }
 func (f *fakeMono) set(d time.Duration) { f.mu.Lock(); f.d = d; f.mu.Unlock() }
 
 // When the database's clock runs ahead of the worker's by much more than the time
