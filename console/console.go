@@ -13,6 +13,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -59,7 +60,9 @@ type Config struct {
 	Token string
 	// BasicUser and BasicPassword, when BasicUser is set, require HTTP basic
 	// authentication on every request. With both Token and BasicUser set, either
-	// one admits.
+	// one admits. With neither, the console admits only requests addressed to
+	// localhost, 127.0.0.1 or [::1] (the Host header), and a POST only with an
+	// Origin of the same host: serve it on a loopback listener.
 	BasicUser, BasicPassword string
 }
 
@@ -140,6 +143,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Cache-Control", "no-store")
+	// Without credentials, whoever reaches the listener is admitted; on loopback
+	// that is this machine's users, and any web page their browser shows that
+	// rebinds its own name to 127.0.0.1. Such a page can choose Host and Origin
+	// but not make them name this machine.
+	if h.open() && !localHost(r.Host) {
+		http.Error(w, fmt.Sprintf("console: this console has no credentials, so it answers only requests addressed to localhost, 127.0.0.1 or [::1], not %q: "+
+			"open it under one of those names, or set a token (or basic auth) to serve it under another", r.Host), http.StatusForbidden)
+		return
+	}
 	login := r.URL.Path == h.cfg.Prefix+"/login" || strings.HasPrefix(r.URL.Path, h.cfg.Prefix+"/static/")
 	if !login && !h.authenticated(r) {
 		if h.cfg.BasicUser != "" {
@@ -153,6 +165,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if h.open() && r.Header.Get("Origin") == "" {
+			http.Error(w, "console: a state-changing request without an Origin header is refused by a console without credentials", http.StatusForbidden)
+			return
+		}
 		if !h.sameOrigin(r) {
 			http.Error(w, "console: cross-origin request refused", http.StatusForbidden)
 			return
@@ -165,9 +181,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
+// open reports a console without credentials: every request is admitted.
+func (h *Handler) open() bool { return h.cfg.Token == "" && h.cfg.BasicUser == "" }
+
+// localHost reports whether a Host header names this machine's loopback
+// interface: localhost, 127.0.0.1 or [::1], with any port (an SSH tunnel's local
+// port differs from the listener's; a rebinding page cannot choose the name).
+func localHost(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		name = host[1 : len(host)-1]
+	}
+	switch strings.ToLower(name) {
+	case "localhost", "127.0.0.1", "::1":
+		return true
+	}
+	return false
+}
+
 // authenticated reports whether r may use the console.
 func (h *Handler) authenticated(r *http.Request) bool {
-	if h.cfg.Token == "" && h.cfg.BasicUser == "" {
+	if h.open() {
 		return true
 	}
 	if h.cfg.Token != "" {

@@ -3,7 +3,9 @@ package console_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
@@ -229,5 +231,75 @@ func TestKeysAndPayloadsAreEscaped(t *testing.T) {
 	}
 	if !strings.Contains(body, "pending, not yet published") {
 		t.Errorf("the page does not show the outbox row's state")
+	}
+}
+
+// A console without credentials is reached through a loopback listener; a web
+// page that rebinds its own name to 127.0.0.1 (DNS rebinding) makes the
+// operator's browser send requests there with Host and Origin naming the page.
+// The console answers only requests addressed to the loopback names, and takes a
+// POST only with an Origin of the same host.
+func TestOpenConsoleRefusesForeignHostAndOrigin(t *testing.T) {
+	srv := server(t, console.Config{})
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	c := browser(t)
+	send := func(method, path, host string, form url.Values, hdr ...string) (int, string) {
+		t.Helper()
+		var body io.Reader
+		if form != nil {
+			body = strings.NewReader(form.Encode())
+		}
+		req, _ := http.NewRequest(method, srv.URL+path, body)
+		req.Host = host
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		return do(t, c, req)
+	}
+	evil := fmt.Sprintf("attacker.example:%d", port)
+
+	// The rebinding page reads nothing: no page, no CSRF token.
+	for _, path := range []string{"/console/login", "/console/inspect", "/console/dead-letters", "/console/static/console.js"} {
+		code, body := send(http.MethodGet, path, evil, nil)
+		if code != http.StatusForbidden || strings.Contains(body, `name="csrf"`) || !strings.Contains(body, "localhost, 127.0.0.1 or [::1]") {
+			t.Errorf("GET %s with Host %s: %d %q, want 403 naming the hosts it answers", path, evil, code, body)
+		}
+	}
+	// The loopback names work, with any port (an SSH tunnel's).
+	for _, host := range []string{fmt.Sprintf("127.0.0.1:%d", port), fmt.Sprintf("localhost:%d", port), fmt.Sprintf("[::1]:%d", port), "LOCALHOST:9999", "localhost"} {
+		if code, body := send(http.MethodGet, "/console/login", host, nil); code != http.StatusOK {
+			t.Errorf("GET with Host %s: %d %s, want 200", host, code, body)
+		}
+	}
+	// A token had legitimately, replayed from the rebinding page: refused.
+	local := fmt.Sprintf("localhost:%d", port)
+	_, page := send(http.MethodGet, "/console/login", local, nil)
+	tok := csrf(t, page)
+	replay := url.Values{"csrf": {tok}, "confirm": {"yes"}, "all": {"1"}, "replayed": {"1"}, "force": {"1"}}
+	if code, body := send(http.MethodPost, "/console/dead-letters/replay", evil, replay, "Origin", "http://"+evil); code != http.StatusForbidden {
+		t.Errorf("POST with forged Host and Origin: %d %s, want 403", code, body)
+	}
+	// A POST without Origin is refused; with a loopback Host but a foreign Origin too.
+	if code, body := send(http.MethodPost, "/console/dead-letters/replay", local, replay); code != http.StatusForbidden || !strings.Contains(body, "Origin") {
+		t.Errorf("POST without Origin: %d %s, want 403", code, body)
+	}
+	if code, body := send(http.MethodPost, "/console/dead-letters/replay", local, replay, "Origin", "http://"+evil); code != http.StatusForbidden {
+		t.Errorf("POST from a foreign Origin: %d %s, want 403", code, body)
+	}
+	// The console's own page's POST passes (this console has no dead letters: 404).
+	if code, body := send(http.MethodPost, "/console/dead-letters/replay", local, replay, "Origin", "http://"+local); code != http.StatusNotFound {
+		t.Errorf("POST from the console's origin: %d %s, want 404 past the checks", code, body)
+	}
+
+	// With credentials, the name does not matter: a rebinding page has no token.
+	authed := server(t, console.Config{Token: "s3cret"})
+	req, _ := http.NewRequest(http.MethodGet, authed.URL+"/console/inspect", nil)
+	req.Host = "console.internal.example"
+	req.Header.Set("Authorization", "Bearer s3cret")
+	if code, body := do(t, browser(t), req); code != http.StatusOK {
+		t.Errorf("GET with a token under another name: %d %s, want 200", code, body)
 	}
 }

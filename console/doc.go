@@ -21,7 +21,10 @@
 // /metrics is, loopback by default). Every state-changing request is a POST
 // carrying a CSRF token bound to a per-browser cookie with a per-process secret
 // (HMAC); a POST without it, or from another origin, gets 403. With Token or
-// BasicUser set every request must authenticate. All values are rendered through
+// BasicUser set every request must authenticate. Without either, the console
+// answers only requests addressed to localhost, 127.0.0.1 or [::1] and wants an
+// Origin on every POST, so a web page that rebinds its name to the loopback
+// address can neither read it nor act through it. All values are rendered through
 // html/template, so keys and payloads are escaped. Templates and the one small
 // script are embedded: no build step.
 package console
