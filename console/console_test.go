@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/console"
+	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testenv"
 	"github.com/idemkit/idem/ops"
 	"github.com/idemkit/idem/outbox"
@@ -301,5 +302,63 @@ func TestOpenConsoleRefusesForeignHostAndOrigin(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer s3cret")
 	if code, body := do(t, browser(t), req); code != http.StatusOK {
 		t.Errorf("GET with a token under another name: %d %s, want 200", code, body)
+	}
+}
+
+// "Replay all matching the filter" shows a dry run, and its confirmation replays
+// exactly the dead letters the dry run listed: not one filed in between, which
+// the filter (here a relative since=1h) would take in if evaluated again.
+func TestReplayAllConfirmsTheDryRunsList(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	ctx := context.Background()
+	file := func(key string) {
+		t.Helper()
+		if _, err := env.DB.Pool.Exec(ctx, `INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
+		      VALUES ('charges', $1, $2, '{}', 'permanent handler error: test', now() + interval '1 hour')`, key, testenv.Subject); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file("k-1")
+	file("k-2")
+	r, err := ops.New(env.DB.Pool, ops.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dls, err := consumer.NewDeadLetters(env.DB.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server(t, console.Config{Ops: r, DeadLetters: dls})
+	c := browser(t)
+	_, page := get(t, c, srv.URL+"/console/dead-letters?consumer=charges&since=1h")
+	tok := csrf(t, page)
+
+	code, dry := post(t, c, srv.URL+"/console/dead-letters/replay",
+		url.Values{"csrf": {tok}, "all": {"1"}, "consumer": {"charges"}, "since": {"1h"}}, "Origin", srv.URL)
+	if code != http.StatusOK || !strings.Contains(dry, "2 would be replayed") {
+		t.Fatalf("dry run: %d\n%s", code, dry)
+	}
+	confirm := url.Values{}
+	form := regexp.MustCompile(`(?s)<form[^>]*id="confirm-form">(.*?)</form>`).FindStringSubmatch(dry)
+	if form == nil {
+		t.Fatalf("no confirmation form:\n%s", dry)
+	}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`).FindAllStringSubmatch(form[1], -1) {
+		confirm.Add(m[1], m[2])
+	}
+
+	// Filed after the dry run, matching its filter.
+	file("k-3")
+	code, done := post(t, c, srv.URL+"/console/dead-letters/replay", confirm, "Origin", srv.URL)
+	if code != http.StatusOK || !strings.Contains(done, "Replayed 2, refused 0") {
+		t.Fatalf("confirmation: %d\n%s", code, done)
+	}
+	var replayed string
+	if err := env.DB.Pool.QueryRow(ctx, `SELECT string_agg(key, ',' ORDER BY key) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`).Scan(&replayed); err != nil {
+		t.Fatal(err)
+	}
+	if replayed != "k-1,k-2" {
+		t.Fatalf("replayed %q, want the dry run's k-1,k-2 (k-3 was filed after it)", replayed)
 	}
 }

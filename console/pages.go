@@ -231,9 +231,11 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 type replayData struct {
-	DryRun  bool
-	Force   bool
-	All     bool // the selection is the filter, not IDs
+	DryRun bool
+	Force  bool
+	// All: the dry run selects by the filter, and its confirmation the IDs the dry
+	// run listed, whatever the filter would select by then.
+	All     bool
 	Form    filterForm
 	IDs     []int64
 	Results []consumer.ReplayResult
@@ -242,7 +244,9 @@ type replayData struct {
 }
 
 // replay is POST only: a dry run (the default, also the confirmation page) or,
-// with confirm=yes, the replay.
+// with confirm=yes, the replay. A confirmation replays exactly the dead letters
+// its dry run listed: a filter evaluated again would take in dead letters filed
+// since (and a relative "since" would have moved).
 func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.DeadLetters == nil {
 		h.fail(w, r, http.StatusNotFound, errors.New("dead letters are not configured in this console"))
@@ -258,7 +262,7 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := replayData{DryRun: r.PostForm.Get("confirm") != "yes", Force: r.PostForm.Get("force") != "", All: r.PostForm.Get("all") != "", Form: ff}
-	if !d.All {
+	if !d.All || !d.DryRun {
 		for _, v := range r.PostForm["id"] {
 			id, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
@@ -271,6 +275,11 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, http.StatusBadRequest, errors.New("no dead letter selected"))
 			return
 		}
+	}
+	if d.All && !d.DryRun {
+		// The dry run's list, as it was judged: replayed ones stay out unless the
+		// filter took them in.
+		f = consumer.Filter{IDs: d.IDs, IncludeReplayed: ff.Replayed}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
 	defer cancel()
