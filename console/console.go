@@ -17,7 +17,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,6 +44,11 @@ type Config struct {
 	// JetStream shows no stream.
 	JetStream jetstream.JetStream
 	Stream    string
+	// Lag is the history of the stream's consumers the worker keeps
+	// (worker.Worker.LagHistory): the overview plots each consumer's lag and rate
+	// over its last minutes. Without it the console reads the stream each time an
+	// open overview refreshes, and plots only what it saw since.
+	Lag *ops.LagHistory
 	// Metrics, when set, is read for the folds (duplicates the consumers' inboxes
 	// absorbed and replays the ingress answered) counted since the process
 	// started: the idem_* counters of worker.RegisterMetrics.
@@ -74,13 +78,7 @@ type Handler struct {
 	pages  map[string]*template.Template
 	mux    *http.ServeMux
 
-	mu      sync.Mutex
-	samples []sample // outbox totals at past overview loads, for intents/s
-}
-
-type sample struct {
-	at time.Time
-	n  int64
+	own *ops.LagHistory // the stream's readings without Config.Lag
 }
 
 const (
@@ -107,12 +105,19 @@ func New(cfg Config) (*Handler, error) {
 		cfg.Prefix = "/console"
 	}
 	cfg.Prefix = "/" + strings.Trim(cfg.Prefix, "/")
-	h := &Handler{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32), pages: map[string]*template.Template{}}
+	h := &Handler{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32), pages: map[string]*template.Template{}, own: ops.NewLagHistory(plotSpan)}
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	for _, page := range []string{"overview", "deadletters", "replay", "inspect", "streams", "login", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
+	for _, page := range []string{"overview", "deadletters", "replay", "inspect", "streams", "login", "error", "live"} {
+		files := []string{"templates/layout.html", "templates/" + page + ".html"}
+		switch page {
+		case "overview":
+			files = append(files, "templates/live.html")
+		case "live": // a part of the overview, without the layout
+			files = files[1:]
+		}
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, files...)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", page, err)
 		}
@@ -126,6 +131,7 @@ func New(cfg Config) (*Handler, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+p+"/{$}", h.overview)
 	mux.HandleFunc("GET "+p, h.overview)
+	mux.HandleFunc("GET "+p+"/live", h.live)
 	mux.HandleFunc("GET "+p+"/dead-letters", h.deadLetters)
 	mux.HandleFunc("POST "+p+"/dead-letters/replay", h.replay)
 	mux.HandleFunc("GET "+p+"/inspect", h.inspect)
@@ -139,7 +145,7 @@ func New(cfg Config) (*Handler, error) {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Cache-Control", "no-store")
@@ -329,6 +335,8 @@ var funcs = template.FuncMap{
 		return fmt.Sprint(t)
 	},
 	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	// span is a window of readings, to the second.
+	"span": func(d time.Duration) string { return max(d.Round(time.Second), time.Second).String() },
 	"secs": func(s float64) string {
 		return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
 	},
@@ -352,7 +360,10 @@ var funcs = template.FuncMap{
 		}
 		return v
 	},
-	"str":     func(b any) string { return fmt.Sprint(b) },
-	"payload": func(b []byte) string { return ops.Bytes(b).String() },
-	"join":    strings.Join,
+	// livePage is the page the overview's live part is rendered with, inside
+	// the overview as on its own.
+	"livePage": func(p page, live *liveData) page { p.Data = live; return p },
+	"str":      func(b any) string { return fmt.Sprint(b) },
+	"payload":  func(b []byte) string { return ops.Bytes(b).String() },
+	"join":     strings.Join,
 }

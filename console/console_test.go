@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -360,5 +361,50 @@ func TestReplayAllConfirmsTheDryRunsList(t *testing.T) {
 	}
 	if replayed != "k-1,k-2" {
 		t.Fatalf("replayed %q, want the dry run's k-1,k-2 (k-3 was filed after it)", replayed)
+	}
+}
+
+// The overview's live part, as the page's script reads it: each consumer's lag
+// and rate in the table and as a line in two server-drawn SVG plots, and the
+// consumer that falls behind marked.
+func TestLivePartPlotsEachConsumer(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	r, err := ops.New(env.DB.Pool, ops.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := ops.NewLagHistory(15 * time.Minute)
+	t0 := time.Now().Add(-2 * time.Minute)
+	for i := range 13 {
+		n := uint64(i)
+		hist.Add(&ops.JetStreamStats{Stream: "S", At: t0.Add(time.Duration(i) * 10 * time.Second), LastSeq: 150 * n, Consumers: []ops.ConsumerLag{
+			{Name: "fast", FilterSubjects: []string{"s.fast"}, Delivered: 100 * n},
+			{Name: "slow", FilterSubjects: []string{"s.slow"}, NumPending: 250 * n, NumAckPending: 10, Lag: 250*n + 10, Delivered: 250*n + 10},
+		}})
+	}
+	srv := server(t, console.Config{Ops: r, Lag: hist})
+	code, body := get(t, browser(t), srv.URL+"/console/live")
+	if code != http.StatusOK || !strings.HasPrefix(body, `<div id="live"`) || strings.Contains(body, "<html") {
+		t.Fatalf("live part: %d\n%s", code, body)
+	}
+	for _, want := range []string{
+		`data-src="/console/live"`,
+		`<tr class="consumer behind" data-consumer="slow">`, `falls behind</span>`,
+		`<tr class="consumer" data-consumer="fast">`, `<td class="num rate">10.0/s</td>`, `<td class="num rate">25.0/s</td>`,
+		`id="lag-plot"`, `id="rate-plot"`, `<li><span class="swatch s1"></span>slow: 3010</li>`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the live part lacks %s", want)
+		}
+	}
+	// 13 readings of each: 13 points of lag, 12 rates.
+	pts := regexp.MustCompile(`<polyline class="line s\d" data-consumer="(\w+)" points="([^"]*)">`).FindAllStringSubmatch(body, -1)
+	var got []string
+	for _, m := range pts {
+		got = append(got, fmt.Sprintf("%s:%d", m[1], len(strings.Fields(m[2]))))
+	}
+	if strings.Join(got, ",") != "fast:13,slow:13,fast:12,slow:12" {
+		t.Errorf("plot lines %v, want lag and rate of fast and slow with 13 and 12 points", got)
 	}
 }

@@ -46,16 +46,18 @@ type Trends struct {
 	Window time.Duration `json:"window"`
 	// PublishedPerSec is how many messages per second the stream took in over
 	// Window, from the growth of its last sequence.
-	PublishedPerSec float64         `json:"published_per_s"`
-	Consumers       []ConsumerTrend `json:"consumers"`
+	PublishedPerSec float64 `json:"published_per_s"`
+	// Messages, FirstSeq and LastSeq are the stream's in the latest reading.
+	Messages  uint64          `json:"messages"`
+	FirstSeq  uint64          `json:"first_seq"`
+	LastSeq   uint64          `json:"last_seq"`
+	Consumers []ConsumerTrend `json:"consumers"`
 }
 
 // ConsumerTrend is one durable consumer over the readings kept.
 type ConsumerTrend struct {
-	Name string `json:"name"`
-	// Lag is the latest reading's NumPending + NumAckPending: the messages it has
-	// not finished.
-	Lag uint64 `json:"lag"`
+	// ConsumerLag is the latest reading.
+	ConsumerLag
 	// RatePerSec is how many deliveries per second it finished (acknowledged, or
 	// gave up on) over Window: its deliveries less the ones still unacknowledged.
 	// A message delivered again counts again.
@@ -95,7 +97,8 @@ func (h *LagHistory) Trends(window time.Duration) *Trends {
 			break
 		}
 	}
-	tr := &Trends{Stream: last.Stream, At: last.At, Since: readings[0].At, Window: window, Consumers: []ConsumerTrend{}}
+	tr := &Trends{Stream: last.Stream, At: last.At, Since: readings[0].At, Window: window,
+		Messages: last.Messages, FirstSeq: last.FirstSeq, LastSeq: last.LastSeq, Consumers: []ConsumerTrend{}}
 	if !covered {
 		tr.Window = last.At.Sub(readings[start].At)
 	}
@@ -103,7 +106,7 @@ func (h *LagHistory) Trends(window time.Duration) *Trends {
 		tr.PublishedPerSec = float64(last.LastSeq-readings[start].LastSeq) / secs
 	}
 	for _, cl := range last.Consumers {
-		ct := ConsumerTrend{Name: cl.Name, Lag: cl.Lag}
+		ct := ConsumerTrend{ConsumerLag: cl}
 		var prev *ConsumerLag
 		var prevAt time.Time
 		var finished int64 // deliveries finished since the window started

@@ -236,10 +236,19 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 
+	// Every consumer of this worker has a series from the start, at 0 until it is
+	// judged; the others as soon as a reading shows them.
+	behind := map[string]bool{}
+	for _, wc := range w.consumers {
+		behind[wc.Config().Name] = false
+	}
 	if tr := c.m.lag.hist.Trends(c.m.lag.window); tr != nil {
 		for _, ct := range tr.Consumers {
-			gauge(descBehind, b2f(ct.Behind), ct.Name)
+			behind[ct.Name] = ct.Behind
 		}
+	}
+	for name, b := range behind {
+		gauge(descBehind, b2f(b), name)
 	}
 	if w.collector != nil {
 		skew, held := w.collector.clock.state()
@@ -310,6 +319,15 @@ type lagWatch struct {
 }
 
 func (l *lagWatch) run(ctx context.Context) error {
+	// The first reading waits a moment for the consumers, started beside it, to
+	// have bound their durable consumers.
+	first := time.NewTimer(min(l.every, time.Second))
+	defer first.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-first.C:
+	}
 	t := time.NewTicker(l.every)
 	defer t.Stop()
 	for {
