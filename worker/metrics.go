@@ -138,7 +138,10 @@ func (m *metrics) observe(e idem.Event) {
 // handler time and end-to-end latency (outbox row created to consumer commit);
 // gauges read at scrape time of the outbox backlog, intents not yet proven, each
 // durable consumer's pending, ack-pending and redelivered messages, and open dead
-// letters; and idem_build_info. Series for the known outcomes (and each consumer's
+// letters; whether each consumer falls behind (idem_consumer_behind, from the
+// worker's LagHistory) and whether the collector holds because the database's
+// clock jumped (idem_collector_clock_held, idem_collector_clock_skew_seconds); and
+// idem_build_info. Series for the known outcomes (and each consumer's
 // histograms) exist from the start, at 0, so a rate() over them is defined before
 // the first event.
 func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
