@@ -264,7 +264,8 @@ func (c *collector) collectOnce(ctx context.Context) (total int64, err error) {
 // Collect runs one collection round on pool without a Worker: the partition
 // maintenance, then the deletion of every expired row, batch by batch, in schema.
 // It returns how many rows it deleted. It is what the collector of a worker does
-// every Retention.Interval, for operators' jobs and benchmarks.
+// every Retention.Interval, for operators' jobs and benchmarks; having no earlier
+// round to compare with, it cannot tell that the database's clock jumped.
 func Collect(ctx context.Context, pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger) (int64, error) {
 	if err := pgschema.Validate(schema); err != nil {
 		return 0, fmt.Errorf("worker: collect: %w", err)
