@@ -13,10 +13,10 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -44,6 +44,11 @@ type Config struct {
 	// JetStream shows no stream.
 	JetStream jetstream.JetStream
 	Stream    string
+	// Lag is the history of the stream's consumers the worker keeps
+	// (worker.Worker.LagHistory): the overview plots each consumer's lag and rate
+	// over its last minutes. Without it the console reads the stream each time an
+	// open overview refreshes, and plots only what it saw since.
+	Lag *ops.LagHistory
 	// Metrics, when set, is read for the folds (duplicates the consumers' inboxes
 	// absorbed and replays the ingress answered) counted since the process
 	// started: the idem_* counters of worker.RegisterMetrics.
@@ -59,7 +64,9 @@ type Config struct {
 	Token string
 	// BasicUser and BasicPassword, when BasicUser is set, require HTTP basic
 	// authentication on every request. With both Token and BasicUser set, either
-	// one admits.
+	// one admits. With neither, the console admits only requests addressed to
+	// localhost, 127.0.0.1 or [::1] (the Host header), and a POST only with an
+	// Origin of the same host: serve it on a loopback listener.
 	BasicUser, BasicPassword string
 }
 
@@ -71,13 +78,7 @@ type Handler struct {
 	pages  map[string]*template.Template
 	mux    *http.ServeMux
 
-	mu      sync.Mutex
-	samples []sample // outbox totals at past overview loads, for intents/s
-}
-
-type sample struct {
-	at time.Time
-	n  int64
+	own *ops.LagHistory // the stream's readings without Config.Lag
 }
 
 const (
@@ -104,12 +105,19 @@ func New(cfg Config) (*Handler, error) {
 		cfg.Prefix = "/console"
 	}
 	cfg.Prefix = "/" + strings.Trim(cfg.Prefix, "/")
-	h := &Handler{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32), pages: map[string]*template.Template{}}
+	h := &Handler{cfg: cfg, log: cfg.Logger, secret: make([]byte, 32), pages: map[string]*template.Template{}, own: ops.NewLagHistory(plotSpan)}
 	if _, err := rand.Read(h.secret); err != nil {
 		return nil, fmt.Errorf("console: %w", err)
 	}
-	for _, page := range []string{"overview", "deadletters", "replay", "inspect", "streams", "login", "error"} {
-		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+page+".html")
+	for _, page := range []string{"overview", "deadletters", "replay", "inspect", "streams", "login", "error", "live"} {
+		files := []string{"templates/layout.html", "templates/" + page + ".html"}
+		switch page {
+		case "overview":
+			files = append(files, "templates/live.html")
+		case "live": // a part of the overview, without the layout
+			files = files[1:]
+		}
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, files...)
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", page, err)
 		}
@@ -123,6 +131,7 @@ func New(cfg Config) (*Handler, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET "+p+"/{$}", h.overview)
 	mux.HandleFunc("GET "+p, h.overview)
+	mux.HandleFunc("GET "+p+"/live", h.live)
 	mux.HandleFunc("GET "+p+"/dead-letters", h.deadLetters)
 	mux.HandleFunc("POST "+p+"/dead-letters/replay", h.replay)
 	mux.HandleFunc("GET "+p+"/inspect", h.inspect)
@@ -136,10 +145,19 @@ func New(cfg Config) (*Handler, error) {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Cache-Control", "no-store")
+	// Without credentials, whoever reaches the listener is admitted; on loopback
+	// that is this machine's users, and any web page their browser shows that
+	// rebinds its own name to 127.0.0.1. Such a page can choose Host and Origin
+	// but not make them name this machine.
+	if h.open() && !localHost(r.Host) {
+		http.Error(w, fmt.Sprintf("console: this console has no credentials, so it answers only requests addressed to localhost, 127.0.0.1 or [::1], not %q: "+
+			"open it under one of those names, or set a token (or basic auth) to serve it under another", r.Host), http.StatusForbidden)
+		return
+	}
 	login := r.URL.Path == h.cfg.Prefix+"/login" || strings.HasPrefix(r.URL.Path, h.cfg.Prefix+"/static/")
 	if !login && !h.authenticated(r) {
 		if h.cfg.BasicUser != "" {
@@ -153,6 +171,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		if h.open() && r.Header.Get("Origin") == "" {
+			http.Error(w, "console: a state-changing request without an Origin header is refused by a console without credentials", http.StatusForbidden)
+			return
+		}
 		if !h.sameOrigin(r) {
 			http.Error(w, "console: cross-origin request refused", http.StatusForbidden)
 			return
@@ -165,9 +187,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
+// open reports a console without credentials: every request is admitted.
+func (h *Handler) open() bool { return h.cfg.Token == "" && h.cfg.BasicUser == "" }
+
+// localHost reports whether a Host header names this machine's loopback
+// interface: localhost, 127.0.0.1 or [::1], with any port (an SSH tunnel's local
+// port differs from the listener's; a rebinding page cannot choose the name).
+func localHost(host string) bool {
+	name := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		name = h
+	} else if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+		name = host[1 : len(host)-1]
+	}
+	switch strings.ToLower(name) {
+	case "localhost", "127.0.0.1", "::1":
+		return true
+	}
+	return false
+}
+
 // authenticated reports whether r may use the console.
 func (h *Handler) authenticated(r *http.Request) bool {
-	if h.cfg.Token == "" && h.cfg.BasicUser == "" {
+	if h.open() {
 		return true
 	}
 	if h.cfg.Token != "" {
@@ -293,6 +335,8 @@ var funcs = template.FuncMap{
 		return fmt.Sprint(t)
 	},
 	"dur": func(d time.Duration) string { return d.Round(time.Millisecond).String() },
+	// span is a window of readings, to the second.
+	"span": func(d time.Duration) string { return max(d.Round(time.Second), time.Second).String() },
 	"secs": func(s float64) string {
 		return (time.Duration(s * float64(time.Second))).Round(time.Millisecond).String()
 	},
@@ -316,7 +360,10 @@ var funcs = template.FuncMap{
 		}
 		return v
 	},
-	"str":     func(b any) string { return fmt.Sprint(b) },
-	"payload": func(b []byte) string { return ops.Bytes(b).String() },
-	"join":    strings.Join,
+	// livePage is the page the overview's live part is rendered with, inside
+	// the overview as on its own.
+	"livePage": func(p page, live *liveData) page { p.Data = live; return p },
+	"str":      func(b any) string { return fmt.Sprint(b) },
+	"payload":  func(b []byte) string { return ops.Bytes(b).String() },
+	"join":     strings.Join,
 }

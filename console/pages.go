@@ -20,21 +20,37 @@ import (
 
 // --- overview -------------------------------------------------------------------
 
+// The overview's live part is read again every liveEvery by the console's script;
+// rates and Behind are over lagWindow, the plot spans plotSpan.
+const (
+	liveEvery = 5 * time.Second
+	lagWindow = time.Minute
+	plotSpan  = 15 * time.Minute
+)
+
 type overviewData struct {
+	Live *liveData
+	// Stats are the exact counts, read when the page is loaded.
 	Stats *ops.Stats
-	// IntentsPerSec is the growth of the outbox's rows (pending + published)
-	// between two loads of this page, per second; RateOver is the interval
-	// (zero: first load, nothing to compare with yet).
-	IntentsPerSec float64
-	RateOver      time.Duration
-	JetStream     *ops.JetStreamStats
-	JetStreamErr  string
+}
+
+// liveData is the part of the overview that refreshes by itself: cheap reads only
+// (ops.Summary, the consumers' history, the metrics' counters).
+type liveData struct {
+	Summary *ops.Summary
+	// Trends are the stream's consumers over the last minutes (nil: no reading).
+	Trends    *ops.Trends
+	TrendsErr string
+	// Plots show each consumer's lag and rate over plotSpan.
+	Plots         []plot
 	OpenDead      []namedCount
 	OpenDeadTotal int64
 	// Folds are counters since the process started (nil: no Config.Metrics).
 	Folds *folds
-	// DeadMap and FoldMap are OpenDead and Folds.Consumer by consumer.
-	DeadMap, FoldMap map[string]int64
+	// FoldMap is Folds.Consumer by consumer.
+	FoldMap map[string]int64
+	// Every is how often the page reads this part again, in milliseconds.
+	Every int64
 }
 
 type namedCount struct {
@@ -51,52 +67,79 @@ type folds struct {
 func (h *Handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := h.ctx(r)
 	defer cancel()
+	live, err := h.readLive(ctx)
+	if err != nil {
+		h.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	st, err := h.cfg.Ops.Stats(ctx)
 	if err != nil {
 		h.fail(w, r, http.StatusInternalServerError, err)
 		return
 	}
-	d := overviewData{Stats: st}
-	d.IntentsPerSec, d.RateOver = h.rate(st.AsOf, st.Outbox.Pending+st.Outbox.Published)
-	open, err := h.cfg.Ops.OpenDeadLetters(ctx)
+	h.render(w, r, "overview", "Overview", http.StatusOK, overviewData{Live: live, Stats: st})
+}
+
+// live is the overview's live part alone, for the page's script.
+func (h *Handler) live(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := h.ctx(r)
+	defer cancel()
+	live, err := h.readLive(ctx)
 	if err != nil {
-		h.fail(w, r, http.StatusInternalServerError, err)
+		http.Error(w, "console: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
-	d.OpenDead, d.DeadMap, d.FoldMap = sortedCounts(open), open, map[string]int64{}
+	var buf strings.Builder
+	if err := h.pages["live"].ExecuteTemplate(&buf, "live", page{Prefix: h.cfg.Prefix, Data: live}); err != nil {
+		h.log.Error("console: render", "page", "live", "err", err)
+		http.Error(w, "console: render failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write([]byte(buf.String()))
+}
+
+func (h *Handler) readLive(ctx context.Context) (*liveData, error) {
+	sum, err := h.cfg.Ops.Summary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := &liveData{Summary: sum, OpenDead: sortedCounts(sum.OpenDeadLetters), FoldMap: map[string]int64{}, Every: liveEvery.Milliseconds()}
 	for _, c := range d.OpenDead {
 		d.OpenDeadTotal += c.N
 	}
-	d.JetStream, d.JetStreamErr = h.readJetStream(ctx)
+	d.Trends, d.TrendsErr = h.trends(ctx)
+	if d.Trends != nil {
+		d.Plots = plots(d.Trends)
+	}
 	if d.Folds = h.folds(); d.Folds != nil {
 		for _, c := range d.Folds.Consumer {
 			d.FoldMap[c.Name] = c.N
 		}
 	}
-	h.render(w, r, "overview", "Overview", http.StatusOK, d)
+	return d, nil
 }
 
-// rate records n at asOf and returns the growth per second since the previous
-// sample at least a second older (or the oldest kept).
-func (h *Handler) rate(asOf time.Time, n int64) (float64, time.Duration) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var perSec float64
-	var over time.Duration
-	for i := len(h.samples) - 1; i >= 0; i-- {
-		s := h.samples[i]
-		if asOf.Sub(s.at) >= time.Second || i == 0 {
-			if over = asOf.Sub(s.at); over > 0 {
-				perSec = max(float64(n-s.n), 0) / over.Seconds()
-			}
-			break
+// trends are the stream's consumers over time: the worker's history
+// (Config.Lag), or else the console's own, read at each refresh of an open page.
+func (h *Handler) trends(ctx context.Context) (*ops.Trends, string) {
+	hist := h.cfg.Lag
+	if hist == nil {
+		if h.cfg.JetStream == nil {
+			return nil, "no JetStream configured"
 		}
+		js, err := ops.ReadJetStream(ctx, h.cfg.JetStream, h.cfg.Stream)
+		if err != nil {
+			return nil, err.Error()
+		}
+		h.own.Add(js)
+		hist = h.own
 	}
-	h.samples = append(h.samples, sample{at: asOf, n: n})
-	if len(h.samples) > 16 {
-		h.samples = slices.Delete(h.samples, 0, len(h.samples)-16)
+	tr := hist.Trends(lagWindow)
+	if tr == nil {
+		return nil, "the stream's consumers have not been read yet"
 	}
-	return perSec, over
+	return tr, ""
 }
 
 func (h *Handler) readJetStream(ctx context.Context) (*ops.JetStreamStats, string) {
@@ -231,9 +274,11 @@ func (h *Handler) deadLetters(w http.ResponseWriter, r *http.Request) {
 }
 
 type replayData struct {
-	DryRun  bool
-	Force   bool
-	All     bool // the selection is the filter, not IDs
+	DryRun bool
+	Force  bool
+	// All: the dry run selects by the filter, and its confirmation the IDs the dry
+	// run listed, whatever the filter would select by then.
+	All     bool
 	Form    filterForm
 	IDs     []int64
 	Results []consumer.ReplayResult
@@ -242,7 +287,9 @@ type replayData struct {
 }
 
 // replay is POST only: a dry run (the default, also the confirmation page) or,
-// with confirm=yes, the replay.
+// with confirm=yes, the replay. A confirmation replays exactly the dead letters
+// its dry run listed: a filter evaluated again would take in dead letters filed
+// since (and a relative "since" would have moved).
 func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.DeadLetters == nil {
 		h.fail(w, r, http.StatusNotFound, errors.New("dead letters are not configured in this console"))
@@ -258,7 +305,7 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := replayData{DryRun: r.PostForm.Get("confirm") != "yes", Force: r.PostForm.Get("force") != "", All: r.PostForm.Get("all") != "", Form: ff}
-	if !d.All {
+	if !d.All || !d.DryRun {
 		for _, v := range r.PostForm["id"] {
 			id, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
@@ -271,6 +318,11 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, http.StatusBadRequest, errors.New("no dead letter selected"))
 			return
 		}
+	}
+	if d.All && !d.DryRun {
+		// The dry run's list, as it was judged: replayed ones stay out unless the
+		// filter took them in.
+		f = consumer.Filter{IDs: d.IDs, IncludeReplayed: ff.Replayed}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
 	defer cancel()

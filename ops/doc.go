@@ -20,5 +20,9 @@
 // outbox to an inbox while the command runs is shown on one side of the move, never
 // both or neither. Every type marshals to JSON for machines (Bytes keeps binary
 // columns exact), and the counts are exact: a dashboard polling every few seconds
-// should read the worker's metrics instead.
+// should read the worker's metrics instead, or Summary, the cheap part of Stats.
+//
+// A LagHistory keeps readings of the stream (ReadJetStream) in memory, for what one
+// reading cannot tell: each consumer's rate, and whether it keeps up (Trends). The
+// worker keeps one (worker.Worker.LagHistory), which the console plots.
 package ops

@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -10,8 +11,10 @@ import (
 // JetStreamStats is the stream's size and each durable consumer's lag.
 type JetStreamStats struct {
 	// URL is the server's, for the caller to fill in (ReadJetStream does not know it).
-	URL       string        `json:"url"`
-	Stream    string        `json:"stream"`
+	URL    string `json:"url"`
+	Stream string `json:"stream"`
+	// At is when it was read, by this process's clock.
+	At        time.Time     `json:"at"`
 	Messages  uint64        `json:"messages"`
 	Bytes     uint64        `json:"bytes"`
 	FirstSeq  uint64        `json:"first_seq"`
@@ -32,6 +35,12 @@ type ConsumerLag struct {
 	NumRedelivered int `json:"num_redelivered"`
 	// AckFloor is the stream sequence below which everything is acknowledged.
 	AckFloor uint64 `json:"ack_floor"`
+	// Lag is NumPending + NumAckPending: the messages the consumer has not
+	// finished, whether it has fetched them or not.
+	Lag uint64 `json:"lag"`
+	// Delivered counts its deliveries so far, redeliveries included (the durable's
+	// consumer sequence); two readings give its rate (LagHistory).
+	Delivered uint64 `json:"delivered"`
 }
 
 // ReadJetStream reads stream's state and its consumers' lag. The stream is the
@@ -47,6 +56,7 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 	}
 	out := &JetStreamStats{
 		Stream:    stream,
+		At:        time.Now(),
 		Messages:  info.State.Msgs,
 		Bytes:     info.State.Bytes,
 		FirstSeq:  info.State.FirstSeq,
@@ -66,6 +76,8 @@ func ReadJetStream(ctx context.Context, js jetstream.JetStream, stream string) (
 			NumAckPending:  ci.NumAckPending,
 			NumRedelivered: ci.NumRedelivered,
 			AckFloor:       ci.AckFloor.Stream,
+			Lag:            ci.NumPending + uint64(max(ci.NumAckPending, 0)),
+			Delivered:      ci.Delivered.Consumer,
 		})
 	}
 	if err := list.Err(); err != nil {

@@ -93,19 +93,26 @@ func age(asOf, t time.Time) time.Duration {
 // OpenDeadLetters counts the dead letters not yet replayed, per consumer (the
 // relay's under outbox.RelayConsumer). Consumers with none are absent.
 func (r *Reader) OpenDeadLetters(ctx context.Context) (map[string]int64, error) {
-	out := map[string]int64{}
+	var out map[string]int64
 	err := r.snapshot(ctx, func(tx pgx.Tx, _ time.Time) error {
-		rows, err := tx.Query(ctx, r.q.openDeadLetters)
-		if err != nil {
-			return fmt.Errorf("ops: open dead letters: %w", err)
-		}
-		var name string
-		var n int64
-		_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil })
-		if err != nil {
-			return fmt.Errorf("ops: open dead letters: %w", err)
-		}
-		return nil
+		var err error
+		out, err = r.openDeadLetters(ctx, tx)
+		return err
 	})
 	return out, err
+}
+
+func (r *Reader) openDeadLetters(ctx context.Context, tx pgx.Tx) (map[string]int64, error) {
+	out := map[string]int64{}
+	rows, err := tx.Query(ctx, r.q.openDeadLetters)
+	if err != nil {
+		return nil, fmt.Errorf("ops: open dead letters: %w", err)
+	}
+	var name string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("ops: open dead letters: %w", err)
+	}
+	return out, nil
 }

@@ -125,3 +125,43 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 	}
 	return s, nil
 }
+
+// Summary is the part of Stats cheap enough to read every few seconds, the same
+// reads the worker's metrics make at every scrape: the outbox backlog, the
+// reconciler's view, and the dead letters not yet replayed. Stats' other counts
+// read whole tables.
+type Summary struct {
+	// AsOf is the database's clock when the snapshot was taken.
+	AsOf time.Time `json:"as_of"`
+	// Outbox has Pending and the oldest pending row; Failing and Published are
+	// left zero (Stats counts them).
+	Outbox   OutboxStats      `json:"outbox"`
+	Delivery reconcile.Status `json:"delivery"`
+	// OpenDeadLetters counts the dead letters not yet replayed, per consumer.
+	OpenDeadLetters map[string]int64 `json:"open_dead_letters"`
+}
+
+// Summary reads the Summary in one snapshot.
+func (r *Reader) Summary(ctx context.Context) (*Summary, error) {
+	s := &Summary{}
+	err := r.snapshot(ctx, func(tx pgx.Tx, asOf time.Time) error {
+		s.AsOf = asOf
+		b, err := r.outbox.Backlog(ctx, tx)
+		if err != nil {
+			return fmt.Errorf("ops: summary: %w", err)
+		}
+		s.Outbox.Pending, s.Outbox.OldestPendingAt = b.Pending, b.OldestCreatedAt
+		if b.OldestCreatedAt != nil {
+			s.Outbox.OldestPendingAgeSeconds = max(b.OldestAge, 0).Seconds()
+		}
+		if s.Delivery, err = reconcile.ReadStatus(ctx, tx, r.cfg.Schema); err != nil {
+			return fmt.Errorf("ops: summary: %w", err)
+		}
+		s.OpenDeadLetters, err = r.openDeadLetters(ctx, tx)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,10 +23,39 @@ type Report struct {
 	// row not yet published or proven): they wait for it.
 	Kept []Partition `json:"kept,omitempty"`
 	// Deferred says what waited for the next round and why: a lock not had within
-	// LockTimeout, or rows in the default partition where a partition would go.
+	// LockTimeout, or a row of a new partition's day found in the default partition.
 	Deferred []string `json:"deferred,omitempty"`
+	// Waiting are the tables whose default partition holds rows of the days ahead,
+	// as after converting a table in use: those days get no partition.
+	Waiting []Waiting `json:"waiting,omitempty"`
 	// NotPartitioned are the tables that are plain (Convert was not run).
 	NotPartitioned []Table `json:"not_partitioned,omitempty"`
+}
+
+// Waiting says that a table's default partition holds rows of the days ahead, so
+// those days cannot have partitions of their own: a partition cannot be attached
+// over rows the default partition already holds. This is the state after Convert
+// of a table in use, for about one key lifetime (the inbox) or the rest of the day
+// (the outbox). The rows of those days, and new rows that fall in them, stay in the
+// default partition and are deleted row by row by the collector; from From on,
+// every day has its partition.
+type Waiting struct {
+	Table Table `json:"table"`
+	// Until is the newest partition key in the default partition (the inbox's
+	// expires_at, the outbox's created_at): once it has passed and the collector
+	// has deleted those rows, the default partition holds no live row.
+	Until time.Time `json:"until"`
+	// From is the first day that has (or can have) a partition of its own.
+	From time.Time `json:"partitions_from"`
+	// Days are the partitions not created for it.
+	Days []string `json:"days"`
+}
+
+func (w Waiting) String() string {
+	return fmt.Sprintf("%s: the default partition holds rows up to %s (the table was converted while in use): "+
+		"%d day(s) get no partition of their own (%s), their rows stay in the default partition and are deleted row by row; "+
+		"day partitions can be attached from %s on",
+		w.Table, w.Until.UTC().Format(time.RFC3339), len(w.Days), strings.Join(w.Days, ", "), w.From.UTC().Format(time.DateOnly))
 }
 
 // Maintain makes partitions ready ahead and drops the ones whose rows have all
@@ -79,13 +109,16 @@ func maintainTable(ctx context.Context, pool *pgxpool.Pool, cfg Config, t Table,
 		return fmt.Errorf("partition: maintain %s: %w", t, err)
 	}
 	// Create: every day from today to the horizon that no partition covers.
+	var waiting *Waiting
 	for day := floorDay(p.now); !day.After(p.horizon); day = day.Add(Day) {
 		if covered(p.parts, day) {
 			continue
 		}
 		if p.defaultMax != nil && !p.defaultMax.Before(day) {
-			r.Deferred = append(r.Deferred, fmt.Sprintf("%s: %s: the default partition holds rows up to %s; rows past it go there until then",
-				t, partitionName(t, day), p.defaultMax.UTC().Format(time.RFC3339)))
+			if waiting == nil {
+				waiting = &Waiting{Table: t, Until: p.defaultMax.UTC(), From: floorDay(*p.defaultMax).Add(Day)}
+			}
+			waiting.Days = append(waiting.Days, partitionName(t, day))
 			continue
 		}
 		created, err := create(ctx, pool, cfg, t, day)
@@ -101,6 +134,9 @@ func maintainTable(ctx context.Context, pool *pgxpool.Pool, cfg Config, t Table,
 		default:
 			r.Created = append(r.Created, created)
 		}
+	}
+	if waiting != nil {
+		r.Waiting = append(r.Waiting, *waiting)
 	}
 	// Drop: every ranged partition whose range has passed and that holds no live row.
 	for _, part := range p.parts {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -242,5 +243,61 @@ func TestTheTableAloneDoesNotEnforceOneRowPerKey(t *testing.T) {
 	b.exec(t, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at) VALUES ('c', 'k', 'test.x', '\x00', 'done', now() + interval '7 days')`)
 	if got := b.db.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'c' AND key = 'k'`); got != 2 {
 		t.Fatalf("%d rows for one key; the premise of the key lock is that the table allows 2", got)
+	}
+}
+
+// Converting an inbox in use leaves its live keys in the default partition, so the
+// days they cover cannot have partitions of their own until they have expired.
+// Maintain reports it once per table, naming until when and from which day on.
+func TestMaintainReportsDaysWaitingForTheDefaultPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "")
+	b.exec(t, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	           SELECT 'c', 'live-' || g, 'test.x', '\x00', 'done', now() + g * interval '1 hour' FROM generate_series(1, 72) g`)
+	if _, err := partition.Convert(b.ctx, b.db.Pool, b.cfg); err != nil {
+		t.Fatal(err)
+	}
+	r, err := partition.Maintain(b.ctx, b.db.Pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var until time.Time
+	if err := b.db.Pool.QueryRow(b.ctx, `SELECT max(expires_at) FROM idem_inbox`).Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	var inbox *partition.Waiting
+	for i, w := range r.Waiting {
+		if w.Table == partition.Inbox {
+			inbox = &r.Waiting[i]
+		}
+	}
+	if inbox == nil {
+		t.Fatalf("Waiting = %+v, want the inbox's", r.Waiting)
+	}
+	from := until.UTC().Truncate(partition.Day).Add(partition.Day)
+	if !inbox.Until.Equal(until) || !inbox.From.Equal(from) {
+		t.Errorf("inbox waits until %s, partitions from %s; want %s and %s", inbox.Until, inbox.From, until, from)
+	}
+	today := time.Now().UTC().Truncate(partition.Day)
+	if want := int(from.Sub(today) / partition.Day); len(inbox.Days) != want {
+		t.Errorf("days without a partition: %v, want the %d from today to %s", inbox.Days, want, until)
+	}
+	for _, s := range []string{"idem_inbox: the default partition holds rows up to", "converted while in use", "day partitions can be attached from " + from.Format(time.DateOnly)} {
+		if !strings.Contains(inbox.String(), s) {
+			t.Errorf("%q lacks %q", inbox.String(), s)
+		}
+	}
+	// The day it names has its partition.
+	for _, p := range b.partitions(t, partition.Inbox) {
+		if !p.Default && p.From.Before(from) {
+			t.Errorf("partition %s was attached over the default partition's days", p)
+		}
+	}
+	created := false
+	for _, p := range r.Created {
+		created = created || p.Table == partition.Inbox && p.From.Equal(from)
+	}
+	if !created {
+		t.Errorf("created %v, want the inbox's partition of %s", r.Created, from.Format(time.DateOnly))
 	}
 }

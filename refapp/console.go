@@ -34,7 +34,7 @@ func newConsole(pool *pgxpool.Pool, w *worker.Worker, reg *prometheus.Registry, 
 		return nil, fmt.Errorf("refapp: console: %w", err)
 	}
 	h, err := console.New(console.Config{
-		Ops: r, DeadLetters: dls, JetStream: w.JetStream(), Stream: StreamName, Metrics: reg,
+		Ops: r, DeadLetters: dls, JetStream: w.JetStream(), Stream: StreamName, Lag: w.LagHistory(), Metrics: reg,
 		Logger: cfg.Logger, Prefix: ConsolePath,
 		Token: cfg.Console.Token, BasicUser: cfg.Console.BasicUser, BasicPassword: cfg.Console.BasicPassword,
 	})

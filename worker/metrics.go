@@ -22,6 +22,7 @@ import (
 // other processes.
 type metrics struct {
 	w         *Worker
+	lag       *lagWatch
 	messages  *prometheus.CounterVec
 	ingress   *prometheus.CounterVec
 	relay     *prometheus.CounterVec
@@ -43,7 +44,8 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0005, 2, 16)
 
 func newMetrics(w *Worker) *metrics {
 	return &metrics{
-		w: w,
+		w:   w,
+		lag: &lagWatch{w: w, hist: ops.NewLagHistory(lagKeep), every: lagEvery, window: lagWindow, behind: map[string]bool{}},
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idem_consumer_messages_total",
 			Help: "Messages settled by consumers, by consumer and outcome (processed, duplicate, failed, dead_lettered, busy).",
@@ -136,7 +138,10 @@ func (m *metrics) observe(e idem.Event) {
 // handler time and end-to-end latency (outbox row created to consumer commit);
 // gauges read at scrape time of the outbox backlog, intents not yet proven, each
 // durable consumer's pending, ack-pending and redelivered messages, and open dead
-// letters; and idem_build_info. Series for the known outcomes (and each consumer's
+// letters; whether each consumer falls behind (idem_consumer_behind, from the
+// worker's LagHistory) and whether the collector holds because the database's
+// clock jumped (idem_collector_clock_held, idem_collector_clock_skew_seconds); and
+// idem_build_info. Series for the known outcomes (and each consumer's
 // histograms) exist from the start, at 0, so a rate() over them is defined before
 // the first event.
 func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
@@ -211,10 +216,13 @@ var (
 	descJSAck    = prometheus.NewDesc("idem_consumer_ack_pending_messages", "Messages delivered to the durable consumer and not yet acknowledged (num_ack_pending), by consumer.", []string{"consumer"}, nil)
 	descJSRedel  = prometheus.NewDesc("idem_consumer_redelivered_messages", "Messages delivered more than once and still unacknowledged (num_redelivered), by consumer.", []string{"consumer"}, nil)
 	descDead     = prometheus.NewDesc("idem_dead_letters", "Dead letters not yet replayed, by consumer (the relay's under \"(relay)\").", []string{"consumer"}, nil)
+	descHeld     = prometheus.NewDesc("idem_collector_clock_held", "1 while the collector holds because the database's clock jumped ahead of the worker's: no expired row is deleted, no partition dropped.", nil, nil)
+	descBehind   = prometheus.NewDesc("idem_consumer_behind", "1 while the durable consumer falls behind: its lag has not reached 0 for a minute and exceeds what it finished in that minute, by consumer.", []string{"consumer"}, nil)
+	descSkew     = prometheus.NewDesc("idem_collector_clock_skew_seconds", "How far the database's clock ran ahead of the worker's monotonic clock between the collector's last two rounds (negative: behind).", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead, descHeld, descSkew, descBehind} {
 		ch <- d
 	}
 }
@@ -231,6 +239,25 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 
+	// Every consumer of this worker has a series from the start, at 0 until it is
+	// judged; the others as soon as a reading shows them.
+	behind := map[string]bool{}
+	for _, wc := range w.consumers {
+		behind[wc.Config().Name] = false
+	}
+	if tr := c.m.lag.hist.Trends(c.m.lag.window); tr != nil {
+		for _, ct := range tr.Consumers {
+			behind[ct.Name] = ct.Behind
+		}
+	}
+	for name, b := range behind {
+		gauge(descBehind, b2f(b), name)
+	}
+	if w.collector != nil {
+		skew, held := w.collector.clock.state()
+		gauge(descSkew, skew.Seconds())
+		gauge(descHeld, b2f(held))
+	}
 	if b, err := w.outbox.Backlog(ctx, w.pool); err != nil {
 		failed(scrapeBacklog, err)
 	} else {
@@ -268,3 +295,92 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// The worker reads its stream's durable consumers every lagEvery and keeps the
+// readings for lagKeep (the console's plot); a consumer falls behind over
+// lagWindow (ops.ConsumerTrend.Behind).
+const (
+	lagEvery  = 10 * time.Second
+	lagKeep   = 15 * time.Minute
+	lagWindow = time.Minute
+)
+
+// lagWatch reads the stream's consumers into the worker's LagHistory and warns
+// when one of this worker's consumers falls behind, and when it has caught up.
+type lagWatch struct {
+	w             *Worker
+	hist          *ops.LagHistory
+	every, window time.Duration
+	behind        map[string]bool // by consumer: as last said; run's alone
+}
+
+func (l *lagWatch) run(ctx context.Context) error {
+	// The first reading waits a moment for the consumers, started beside it, to
+	// have bound their durable consumers.
+	first := time.NewTimer(min(l.every, time.Second))
+	defer first.Stop()
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-first.C:
+	}
+	t := time.NewTicker(l.every)
+	defer t.Stop()
+	for {
+		l.sample(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (l *lagWatch) sample(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, max(l.every, 2*time.Second))
+	defer cancel()
+	js, err := ops.ReadJetStream(rctx, l.w.js, l.w.cfg.Stream.Name)
+	if err != nil {
+		// The stream keeper and readiness report a missing stream.
+		if ctx.Err() == nil {
+			l.w.log.DebugContext(ctx, "lag: reading the stream's consumers failed", "err", err)
+		}
+		return
+	}
+	l.hist.Add(js)
+	tr := l.hist.Trends(l.window)
+	// Each worker speaks of its own consumers only: the one the operator must
+	// look at is named by the processes that run it.
+	own := map[string]bool{}
+	for _, c := range l.w.consumers {
+		own[c.Config().Name] = true
+	}
+	for _, ct := range tr.Consumers {
+		if !own[ct.Name] || ct.Behind == l.behind[ct.Name] {
+			continue
+		}
+		l.behind[ct.Name] = ct.Behind
+		attrs := []any{"consumer", ct.Name, "lag", ct.Lag, "rate_per_s", round2(ct.RatePerSec), "window", tr.Window}
+		if ct.Behind {
+			l.w.log.WarnContext(ctx, "consumer falls behind: its lag has not reached 0 for a whole window and exceeds what it finished in it, "+
+				"so it is the bottleneck; raise its Concurrency, or make its handler faster", attrs...)
+		} else {
+			l.w.log.InfoContext(ctx, "consumer keeps up again", attrs...)
+		}
+	}
+}
+
+func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
+
+// LagHistory is the worker's recent readings of its stream's durable consumers,
+// every one on the stream whoever runs it: one reading every 10 s, for the last 15
+// minutes, taken from Start to Stop. It gives each consumer's rate and lag over
+// time (the console's plot: console.Config.Lag).
+func (w *Worker) LagHistory() *ops.LagHistory { return w.metrics.lag.hist }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -39,6 +40,70 @@ type collector struct {
 	log     *slog.Logger
 	observe idem.Observer
 	tables  []collectedTable
+	clock   *clockGuard
+
+	mu      sync.Mutex
+	waiting map[partition.Table]time.Time // the partitions_from last warned about, per table
+}
+
+// clockJumpTolerance is how far the database's clock may run ahead of the
+// collector's own between two of its rounds before the collector holds. Every
+// expiry is measured by the database's clock (now()): a forward step of it, say a
+// wrong time source moving it three days on, would otherwise delete every key at
+// the next round while its intents can still arrive. Slow drift and the small
+// steps of time synchronisation stay far below it.
+const clockJumpTolerance = 5 * time.Minute
+
+// clockGuard compares the database's clock with this process's monotonic clock,
+// round to round. While the database's has run ahead by more than
+// clockJumpTolerance since the last round that agreed, the collector holds:
+// nothing is deleted and no partition is dropped. It resumes when the database's
+// clock comes back; a new process takes the database's clock as it finds it (the
+// way to accept a jump that was a correction).
+type clockGuard struct {
+	mono      func() time.Duration // this process's monotonic clock
+	tolerance time.Duration
+
+	mu       sync.Mutex
+	anchored bool
+	db       time.Time     // the database's clock at the last round that agreed
+	at       time.Duration // mono at that round
+	skew     time.Duration // how far the database's clock ran ahead at the last round
+	held     bool
+}
+
+func newClockGuard() *clockGuard {
+	start := time.Now()
+	return &clockGuard{mono: func() time.Duration { return time.Since(start) }, tolerance: clockJumpTolerance}
+}
+
+// check records the database's clock at a round and reports how far it ran ahead
+// of this process's since the last round that agreed, and whether to hold.
+func (g *clockGuard) check(dbNow time.Time) (skew time.Duration, hold bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	mono := g.mono()
+	if !g.anchored {
+		g.anchored, g.db, g.at = true, dbNow, mono
+		return 0, false
+	}
+	g.skew = dbNow.Sub(g.db) - (mono - g.at)
+	if g.skew > g.tolerance {
+		// Not re-anchored: the hold lasts while the jump does.
+		g.held = true
+		return g.skew, true
+	}
+	g.held = false
+	g.db, g.at = dbNow, mono
+	return g.skew, false
+}
+
+// state is what the metrics show: the last skew measured, and whether the
+// collector holds.
+func (g *clockGuard) state() (skew time.Duration, held bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.skew, g.held
 }
 
 type collectedTable struct {
@@ -55,7 +120,7 @@ type collectedTable struct {
 }
 
 func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
-	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe}
+	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe, clock: newClockGuard()}
 	for _, t := range sqlCollect {
 		if t.name == string(partition.Inbox) || t.name == string(partition.Outbox) {
 			t.defaultSQL = strings.ReplaceAll(t.sql, t.name, partition.DefaultPartition(schema, partition.Table(t.name)))
@@ -90,6 +155,20 @@ func (c *collector) maintainPartitions(ctx context.Context) error {
 	for _, d := range r.Deferred {
 		c.log.WarnContext(ctx, "collector: partition maintenance deferred", "why", d)
 	}
+	// A table converted while in use waits about one key lifetime for its day
+	// partitions: said once, and again when the day it waits for changes.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	seen := map[partition.Table]time.Time{}
+	for _, wt := range r.Waiting {
+		seen[wt.Table] = wt.From
+		if prev, ok := c.waiting[wt.Table]; ok && prev.Equal(wt.From) {
+			continue
+		}
+		c.log.WarnContext(ctx, "collector: day partitions wait for the default partition: "+wt.String(),
+			"table", wt.Table, "default_holds_until", wt.Until, "partitions_from", wt.From, "days", len(wt.Days))
+	}
+	c.waiting = seen
 	return nil
 }
 
@@ -123,8 +202,21 @@ func (c *collector) run(ctx context.Context) error {
 }
 
 // collectOnce maintains the partitions, then deletes every expired row, batch by
-// batch, and returns how many rows it deleted.
+// batch, and returns how many rows it deleted. It does neither while the
+// database's clock has jumped ahead of this process's (clockGuard).
 func (c *collector) collectOnce(ctx context.Context) (total int64, err error) {
+	var dbNow time.Time
+	if err := c.pool.QueryRow(ctx, sqlCollectorNow).Scan(&dbNow); err != nil {
+		return 0, fmt.Errorf("collect: read the database's clock: %w", err)
+	}
+	if skew, hold := c.clock.check(dbNow); hold {
+		return 0, fmt.Errorf("collect: held: the database's clock ran %s ahead of this worker's since the collector's last round (more than %s), "+
+			"so every expiry came that much early; nothing is deleted and no partition is dropped until it comes back. "+
+			"If the database's new time is the right one, restart the worker", skew.Round(time.Second), clockJumpTolerance)
+	} else if skew < -clockJumpTolerance {
+		c.log.WarnContext(ctx, "collector: the database's clock went back since the last round; keys are kept that much longer",
+			"by", (-skew).Round(time.Second))
+	}
 	// A failed maintenance does not hold up the row deletes; the round reports it.
 	if merr := c.maintainPartitions(ctx); merr != nil {
 		defer func() { err = errors.Join(err, merr) }()
@@ -172,7 +264,8 @@ func (c *collector) collectOnce(ctx context.Context) (total int64, err error) {
 // Collect runs one collection round on pool without a Worker: the partition
 // maintenance, then the deletion of every expired row, batch by batch, in schema.
 // It returns how many rows it deleted. It is what the collector of a worker does
-// every Retention.Interval, for operators' jobs and benchmarks.
+// every Retention.Interval, for operators' jobs and benchmarks; having no earlier
+// round to compare with, it cannot tell that the database's clock jumped.
 func Collect(ctx context.Context, pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger) (int64, error) {
 	if err := pgschema.Validate(schema); err != nil {
 		return 0, fmt.Errorf("worker: collect: %w", err)
@@ -201,34 +294,44 @@ func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
+// sqlCollectorNow is the database's clock, by which every expiry is measured.
+const sqlCollectorNow = `SELECT now()`
+
 // Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
 // transaction is using right now is simply left for the next round. The worker is
 // the one place that knows every idem table, so retention's SQL lives here.
+//
+// Every statement reads and deletes its ctids in ONLY one relation: a ctid names a
+// row within one table, and through a partitioned parent the same ctid is a row in
+// each partition. Run against a table that was converted after the round looked
+// at its layout (partition.Convert), the plain statement finds no row in the
+// parent itself and deletes nothing; the next round collects the default
+// partition.
 var sqlCollect = []collectedTable{
 	{name: "idem_inbox", sql: `
-DELETE FROM idem_inbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+DELETE FROM ONLY idem_inbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	{name: "idem_requests", sql: `
-DELETE FROM idem_requests WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+DELETE FROM ONLY idem_requests WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	// Published rows, and rows the relay dead-lettered (their dead letter holds the
 	// message), once their retention has passed; never a pending row. With a
 	// reconciler a published row has no expiry until the reconciler proves it
 	// complete (or gives up on it, past every horizon): never deleted by age alone.
 	{name: "idem_outbox", sql: `
-DELETE FROM idem_outbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_outbox
+DELETE FROM ONLY idem_outbox WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_outbox
   WHERE (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) AND expires_at < now()
   LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	{name: "idem_attempts", sql: `
-DELETE FROM idem_attempts WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_attempts WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
+DELETE FROM ONLY idem_attempts WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_attempts WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
 	// Past retention (by created_at, its index) and past the replay horizon:
 	// until then a replay is still allowed, and the row is its only record. A row
 	// with no horizon (filed before schema v3, or by the relay) goes by age alone.
 	{name: "idem_dead_letters", sql: `
-DELETE FROM idem_dead_letters WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM idem_dead_letters
+DELETE FROM ONLY idem_dead_letters WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM ONLY idem_dead_letters
   WHERE created_at < now() - $2::interval AND (inbox_expires_at IS NULL OR inbox_expires_at < now())
   LIMIT $1 FOR UPDATE SKIP LOCKED))`,
 		args: func(c RetentionConfig) []any { return []any{c.deadLetterRetention()} }},

@@ -3,7 +3,9 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,5 +172,149 @@ func TestCollectorOnPartitionedTables(t *testing.T) {
 	}
 	if want := "legacy-live,new-1,new-2,new-3,new-4,new-5"; left != want {
 		t.Errorf("inbox keeps %q, want %q", left, want)
+	}
+}
+
+// A collection round that straddles the conversion of the inbox (partition.Convert
+// run between two of its batches) must not delete live keys. The round looked at
+// the layout once, while the table was plain; its next batch runs the plain
+// statement against the new partitioned parent, whose ctids repeat in every
+// partition: a ctid of an expired row of the default partition is also a live
+// key's in a day partition.
+func TestCollectorRoundStraddlingConversionKeepsLiveKeys(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewWith(t, pgtest.Options{NoMigrate: true}) // plain, even under IDEM_TEST_PARTITIONED=1
+	db := env.DB
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	// Expired two days ago, so the conversion's default partition holds no row
+	// of today or later and today's partitions can be attached.
+	const expired, batch, live = 12, 5, 30
+	exec(`INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      SELECT 'c', 'expired-' || g, 'test.x', '\x00', 'done', now() - interval '2 days' FROM generate_series(1, $1::int) g`, expired)
+
+	converted := false
+	var convErr error
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream:    outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+		Retention: worker.RetentionConfig{BatchSize: batch},
+		Observer: func(e idem.Event) {
+			// After the round's first batch of the inbox: convert, make the days,
+			// and claim live keys in them, at the same ctids as the default's rows.
+			if converted || e.Component != idem.ComponentCollector || e.Name != "idem_inbox" || e.Outcome != worker.OutcomeDeleted {
+				return
+			}
+			converted = true
+			if _, convErr = partition.Convert(ctx, db.Pool, partition.Config{}); convErr != nil {
+				return
+			}
+			if _, convErr = partition.Maintain(ctx, db.Pool, partition.Config{}); convErr != nil {
+				return
+			}
+			_, convErr = db.Pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+			      SELECT 'c', 'live-' || g, 'test.x', '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, $1::int) g`, live)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.CollectOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !converted || convErr != nil {
+		t.Fatalf("the conversion within the round: ran %v, err %v", converted, convErr)
+	}
+	var where string
+	if err := db.Pool.QueryRow(ctx, `SELECT tableoid::regclass::text FROM idem_inbox WHERE key = 'live-1'`).Scan(&where); err != nil {
+		t.Fatal(err)
+	}
+	if where == "idem_inbox_default" {
+		t.Fatalf("the live keys went to the default partition: the test needs them in a day partition")
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'live-%'`); got != live {
+		t.Fatalf("%d of %d live keys are left after a round that straddled the conversion", got, live)
+	}
+	// The next round sees the partitioned layout and collects the default partition.
+	if _, err := w.CollectOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'expired-%'`); got != 0 {
+		t.Errorf("%d expired keys left after the next round, want 0", got)
+	}
+	if got := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key LIKE 'live-%'`); got != live {
+		t.Errorf("%d of %d live keys are left after the next round", got, live)
+	}
+}
+
+// logBuffer collects log lines from any goroutine.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// After an inbox in use is converted, its live keys keep the days they cover
+// from having partitions. The collector warns, once, naming until when the
+// default partition holds them and from which day on partitions are attached.
+func TestCollectorWarnsOfDaysWaitingForTheDefaultPartition(t *testing.T) {
+	t.Parallel()
+	env := testenv.NewWith(t, pgtest.Options{NoMigrate: true})
+	db := env.DB
+	ctx := context.Background()
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      VALUES ('c', 'live', 'test.x', '\x00', 'done', now() + interval '72 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := partition.Convert(ctx, db.Pool, partition.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	w, err := worker.New(db.Pool, env.NC, worker.Config{
+		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := w.CollectOnce(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var lines []string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "level=WARN") && strings.Contains(l, "table=idem_inbox") && strings.Contains(l, "wait for the default partition") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d warnings of the inbox's days waiting, want 1 in two rounds:\n%s", len(lines), logs.String())
+	}
+	for _, want := range []string{"default_holds_until=", "partitions_from=", "day partitions can be attached from"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("the warning lacks %q: %s", want, lines[0])
+		}
 	}
 }

@@ -248,7 +248,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.collector != nil {
 		comps = append(comps, component{"collector", w.collector.run})
 	}
-	comps = append(comps, component{"stream keeper", w.keeper.run})
+	comps = append(comps, component{"stream keeper", w.keeper.run}, component{"lag watch", w.metrics.lag.run})
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
 	w.started = true

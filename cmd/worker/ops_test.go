@@ -364,11 +364,64 @@ func TestStatsShowsConsumerLag(t *testing.T) {
 	if js == nil || js.Stream != refapp.StreamName || js.Messages != 3 || len(js.Consumers) != 1 || js.Consumers[0].Name != refapp.ChargeConsumer || js.Consumers[0].NumPending != 3 {
 		t.Fatalf("jetstream = %+v (error %q)", js, st.JetStreamError)
 	}
+	if c := js.Consumers[0]; c.Lag != 3 || st.RateOverSeconds < 1 {
+		t.Errorf("charges: lag %d over %.2fs, want 3 over a second or more", c.Lag, st.RateOverSeconds)
+	}
+	if r, ok := st.ConsumerRates[refapp.ChargeConsumer]; !ok || r != 0 {
+		t.Errorf("consumer rates %v, want charges at 0/s (nothing consumes)", st.ConsumerRates)
+	}
 
 	out, _, _ = worker(t, "stats", "--database-url", env.DB.URL, "--nats-url", env.NATS.URL())
-	mustContain(t, "stats", out, "jetstream "+embeddednats.Redact(env.NATS.URL()), "stream IDEM: 3 messages", refapp.ChargeConsumer, refapp.SubjectCharge)
+	mustContain(t, "stats", out, "jetstream "+embeddednats.Redact(env.NATS.URL()), "stream IDEM: 3 messages", refapp.ChargeConsumer, refapp.SubjectCharge,
+		"lag", "rate", "0.0/s", "lag: messages not yet finished (pending + ack pending); rate: deliveries finished per second over the last 1")
 	if token := env.NATS.Config().Token; strings.Contains(out, token) {
 		t.Errorf("stats shows the server's token:\n%s", out)
+	}
+
+	// A consumer at work while stats reads: its rate is what it finished between
+	// the two readings.
+	for i := range 40 {
+		env.Publish(t, refapp.SubjectCharge, fmt.Sprintf("w-%d", i), "", []byte(`{}`))
+	}
+	cons, err := env.JS.Consumer(ctx, refapp.StreamName, refapp.ChargeConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, acked := make(chan struct{}), make(chan int)
+	go func() {
+		n := 0
+		defer func() { acked <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(25 * time.Millisecond):
+			}
+			msgs, err := cons.FetchNoWait(1)
+			if err != nil {
+				continue
+			}
+			for m := range msgs.Messages() {
+				if m.Ack() == nil {
+					n++
+				}
+			}
+		}
+	}()
+	out, errs, code = worker(t, "stats", "--json", "--database-url", env.DB.URL, "--nats-url", env.NATS.URL())
+	close(stop)
+	if n := <-acked; n == 0 {
+		t.Fatal("the test's consumer acknowledged nothing")
+	}
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	st = statsOutput{}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if r := st.ConsumerRates[refapp.ChargeConsumer]; r <= 0 {
+		t.Errorf("charges finished messages while stats read, at %.2f/s by stats", r)
 	}
 }
 

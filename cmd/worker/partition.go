@@ -23,6 +23,10 @@ and idempotently: each becomes the DEFAULT partition of a partitioned table of t
 same name. The conversion holds an exclusive lock on each table while Postgres
 builds the new primary key's index over the existing rows: seconds per million
 rows. Run it on an empty installation, or in a quiet moment. See docs/SCALING.md.
+A table converted while in use keeps its live rows in the default partition, and
+the days they cover get no partition of their own (for the inbox, about one key
+lifetime): a line starting "warning:" says until when, and from which day on
+partitions are attached.
 
 Exit status: 0 ok, 1 error, 2 usage error.
 
@@ -104,6 +108,9 @@ func runPartition(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, d := range out.Round.Deferred {
 		fmt.Fprintf(stdout, "deferred: %s\n", d)
+	}
+	for _, wt := range out.Round.Waiting {
+		fmt.Fprintf(stdout, "warning: %s\n", wt)
 	}
 	for _, t := range partition.Tables() {
 		for _, p := range out.Partitions[string(t)] {

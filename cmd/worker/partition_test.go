@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
@@ -57,4 +58,23 @@ func TestPartitionCommandUsage(t *testing.T) {
 	if _, _, code := worker(t, "partition", "extra"); code != exitUsage {
 		t.Errorf("partition extra: exit %d, want %d", code, exitUsage)
 	}
+}
+
+// Converting an inbox in use leaves its live keys in the default partition: the
+// days they cover get no partition of their own. The command says so in a line of
+// its own, naming until when and from which day on.
+func TestPartitionCommandWarnsOfDaysWaitingForTheDefaultPartition(t *testing.T) {
+	t.Parallel()
+	db := opsDB(t, "")
+	if _, err := db.Pool.Exec(context.Background(), `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+	      VALUES ('charges', 'live', 'test.x', '\x00', 'done', now() + interval '72 hours')`); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := worker(t, "partition", "--database-url", db.URL, "--convert")
+	if code != 0 {
+		t.Fatalf("partition --convert: exit %d: %s", code, errOut)
+	}
+	mustContain(t, "partition --convert of an inbox in use", out,
+		"warning: idem_inbox: the default partition holds rows up to", "converted while in use",
+		"their rows stay in the default partition", "day partitions can be attached from")
 }

@@ -29,9 +29,12 @@ const statsUsage = `usage: worker stats [flags]
 
 Prints counts and lags: requests, the outbox backlog and the age of its oldest
 unpublished row, inbox rows per consumer and status, dead letters, the reference
-application's row counts, and the lag of stream IDEM's consumers when a JetStream
-server is known (--nats-url, NATS_URL, or the embedded server a running worker
-recorded under --data-dir). --json prints one JSON document.
+application's row counts, and stream IDEM's consumers when a JetStream server is
+known (--nats-url, NATS_URL, or the embedded server a running worker recorded
+under --data-dir): each one's lag (messages pending and delivered but not yet
+acknowledged) and rate (deliveries it finished per second, between two readings
+of the stream at least a second apart). A running worker warns in its log when one
+of its consumers falls behind. --json prints one JSON document.
 
 Exit status: 0 ok, 1 error, 2 usage error.
 
@@ -46,7 +49,15 @@ type statsOutput struct {
 	JetStreamSource string `json:"jetstream_source,omitempty"`
 	// JetStreamError explains missing JetStream figures.
 	JetStreamError string `json:"jetstream_error,omitempty"`
+	// ConsumerRates are the deliveries each consumer finished per second, between
+	// two readings of the stream RateOverSeconds apart.
+	ConsumerRates   map[string]float64 `json:"consumer_rates_per_s,omitempty"`
+	RateOverSeconds float64            `json:"rate_over_seconds,omitempty"`
 }
+
+// rateOver is the least time between the two readings of the stream that give
+// the consumers' rates.
+const rateOver = time.Second
 
 func runStats(args []string, stdout, stderr io.Writer) error {
 	var asJSON bool
@@ -73,14 +84,11 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("stats: %w", err)
 	}
-	st, err := r.Stats(ctx)
-	if err != nil {
-		return fmt.Errorf("stats: %w", err)
-	}
-	out := statsOutput{Stats: st}
+	out := statsOutput{}
 
 	// JetStream is optional. A URL the user gave must work; a URL found in the data
 	// dir may be stale (the worker stopped), which is worth a note, not a failure.
+	// It is read before and after the database, for the consumers' rates.
 	url, source := o.natsURL, "--nats-url / NATS_URL"
 	if url == "" {
 		file := filepath.Join(o.dataDir, runenv.NATSURLFile)
@@ -88,21 +96,52 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 			url, source = strings.TrimSpace(string(b)), file
 		}
 	}
+	var js *jetStreamReader
+	var first *ops.JetStreamStats
 	if url != "" {
 		out.JetStreamSource = source
 		var auth runenv.NATSAuth
 		if o.natsURL != "" {
 			auth = o.natsAuth // the embedded server's recorded URL carries its own token
 		}
-		st.JetStream, err = readJetStream(ctx, url, auth)
+		js, err = openJetStream(url, auth)
+		if err == nil {
+			defer js.close()
+			first, err = js.read(ctx)
+		}
 		if err != nil {
 			if o.natsURL != "" {
 				return fmt.Errorf("stats: %w", err)
 			}
 			out.JetStreamError = fmt.Sprintf("%v (the embedded server recorded in %s does not answer: is the worker running?)", err, source)
+			js = nil
 		}
 	} else {
 		out.JetStreamError = fmt.Sprintf("no --nats-url and no %s under --data-dir %s", runenv.NATSURLFile, o.dataDir)
+	}
+
+	st, err := r.Stats(ctx)
+	if err != nil {
+		return fmt.Errorf("stats: %w", err)
+	}
+	out.Stats = st
+	if js != nil {
+		if err := sleep(ctx, rateOver-time.Since(first.At)); err != nil {
+			return fmt.Errorf("stats: %w", err)
+		}
+		second, err := js.read(ctx)
+		if err != nil {
+			return fmt.Errorf("stats: %w", err)
+		}
+		st.JetStream = second
+		hist := ops.NewLagHistory(time.Hour)
+		hist.Add(first)
+		hist.Add(second)
+		tr := hist.Trends(second.At.Sub(first.At))
+		out.ConsumerRates, out.RateOverSeconds = map[string]float64{}, tr.Window.Seconds()
+		for _, c := range tr.Consumers {
+			out.ConsumerRates[c.Name] = c.RatePerSec
+		}
 	}
 
 	if asJSON {
@@ -114,7 +153,14 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func readJetStream(ctx context.Context, url string, auth runenv.NATSAuth) (*ops.JetStreamStats, error) {
+// jetStreamReader reads the reference application's stream.
+type jetStreamReader struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	url string // redacted
+}
+
+func openJetStream(url string, auth runenv.NATSAuth) (*jetStreamReader, error) {
 	opts, err := auth.Options()
 	if err != nil {
 		return nil, err
@@ -124,17 +170,37 @@ func readJetStream(ctx context.Context, url string, auth runenv.NATSAuth) (*ops.
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", embeddednats.Redact(url), err)
 	}
-	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
+		nc.Close()
 		return nil, err
 	}
-	s, err := ops.ReadJetStream(ctx, js, refapp.StreamName)
+	return &jetStreamReader{nc: nc, js: js, url: embeddednats.Redact(url)}, nil
+}
+
+func (r *jetStreamReader) read(ctx context.Context) (*ops.JetStreamStats, error) {
+	s, err := ops.ReadJetStream(ctx, r.js, refapp.StreamName)
 	if err != nil {
 		return nil, err
 	}
-	s.URL = embeddednats.Redact(url)
+	s.URL = r.url
 	return s, nil
+}
+
+func (r *jetStreamReader) close() { r.nc.Close() }
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func writeStats(w io.Writer, out statsOutput) {
@@ -213,9 +279,15 @@ func writeStats(w io.Writer, out statsOutput) {
 		p.line(1, "no consumers")
 		return
 	}
-	row("  consumer", "subjects", "pending", "ack pending", "redelivered", "ack floor")
+	row("  consumer", "subjects", "lag", "rate", "pending", "ack pending", "redelivered", "ack floor")
 	for _, c := range js.Consumers {
-		row("  "+c.Name, strings.Join(c.FilterSubjects, ","), c.NumPending, c.NumAckPending, c.NumRedelivered, c.AckFloor)
+		rate := "—"
+		if r, ok := out.ConsumerRates[c.Name]; ok {
+			rate = fmt.Sprintf("%.1f/s", r)
+		}
+		row("  "+c.Name, strings.Join(c.FilterSubjects, ","), c.Lag, rate, c.NumPending, c.NumAckPending, c.NumRedelivered, c.AckFloor)
 	}
 	tw.Flush()
+	p.line(1, "lag: messages not yet finished (pending + ack pending); rate: deliveries finished per second over the last %s",
+		time.Duration(out.RateOverSeconds*float64(time.Second)).Round(10*time.Millisecond))
 }

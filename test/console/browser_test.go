@@ -233,18 +233,61 @@ func TestConsoleInABrowser(t *testing.T) {
 		}
 	}
 
-	// Overview (loaded twice: the second load measures intents/s).
-	do("overview", chromedp.Navigate(base+"/console"), chromedp.Navigate(base+"/console"), chromedp.WaitVisible(chromedp.ID("dead")))
-	dead, folds, lag, backlog := text("#dead"), text("#folds"), text("#lag"), text("#backlog")
-	shot("overview")
+	// Overview.
+	do("overview", chromedp.Navigate(base+"/console"), chromedp.WaitVisible(chromedp.ID("dead")))
+	dead, folds, backlog := text("#dead"), text("#folds"), text("#backlog")
 	contains("dead letters card", dead, "2", "not replayed")
 	contains("folds card", folds, "duplicates absorbed")
-	contains("lag table", lag, "charges", "idem.payments.charge")
 	contains("backlog card", backlog, "0", "outbox backlog")
-	contains("intents card", text("#intents-rate"), "intents/s", "outbox counts")
+	contains("published card", text("#intents-rate"), "messages/s into the stream")
 	if strings.HasPrefix(strings.TrimSpace(folds), "0") {
 		t.Errorf("folds card %q: want the redelivery's fold counted", folds)
 	}
+	// The live part refreshes by itself: a newer reading of the consumers
+	// appears while the page stays loaded (a mark left on the window survives:
+	// no reload).
+	firstAt := eval(`document.getElementById("live").dataset.at || ""`)
+	eval(`window.idemNoReload = "kept"; ""`)
+	// The worker reads its consumers every 10 s: wait for a newer reading, and
+	// for two of charges (the first may have been taken before the page).
+	step("the overview refreshes by itself", func(ctx context.Context) error {
+		for {
+			at, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("live").dataset.at || ""`))
+			if err == nil && at != "" && at != firstAt {
+				n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`(document.querySelector("#lag-plot polyline[data-consumer=charges]") || {getAttribute: () => ""}).getAttribute("points").split(" ").filter(Boolean).length`))
+				if err == nil && n >= 2 {
+					return nil
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("the live part still shows the reading at %s: %w", firstAt, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	if mark := eval(`window.idemNoReload || "reloaded"`); mark != "kept" {
+		t.Errorf("the page was reloaded to refresh (%s)", mark)
+	}
+	if s := text("#live-status"); !strings.Contains(s, "refreshes by itself") {
+		t.Errorf("live status %q", s)
+	}
+	// Each consumer's lag and rate: in the table, and over the last 15 minutes a
+	// line each, drawn by the server as SVG and named in the legend. Two readings
+	// of charges are in: two points of lag, one rate between them.
+	contains("lag table", text("#lag"), refapp.ChargeConsumer, refapp.SubjectCharge, "/s")
+	points := func(id string) string {
+		return eval(`Array.from(document.querySelectorAll("#` + id + ` polyline")).map(l => l.dataset.consumer + ":" + l.getAttribute("points").split(" ").filter(Boolean).length).join(",")`)
+	}
+	if lines := points("lag-plot"); !strings.Contains(lines, refapp.ChargeConsumer+":") || strings.Contains(lines, refapp.ChargeConsumer+":0") || strings.Contains(lines, refapp.ChargeConsumer+":1,") || strings.HasSuffix(lines, refapp.ChargeConsumer+":1") {
+		t.Errorf("lag plot lines %q: want charges with two points or more", lines)
+	}
+	if lines := points("rate-plot"); !strings.Contains(lines, refapp.ChargeConsumer+":") || strings.Contains(lines, refapp.ChargeConsumer+":0") {
+		t.Errorf("rate plot lines %q: want charges with a point", lines)
+	}
+	contains("lag legend", text("#lag-plot .legend"), refapp.ChargeConsumer+":")
+	contains("rate legend", text("#rate-plot .legend"), refapp.ChargeConsumer+":", "/s")
+	shot("overview")
 
 	// Dead letters: filter, then replay one with a dry run and a confirmation.
 	rows := func() string { return eval(`document.querySelectorAll("tr.dl").length + ""`) }
