@@ -26,14 +26,6 @@
 // body is 413 before anything is claimed; a 5xx (or 408, 425, 429) from the handler
 // rolls everything back and is never stored, so the retry runs again.
 //
-// # Group commit
-//
-// Config.GroupCommit (off by default) lets concurrent requests share one
-// transaction and one COMMIT, each under a savepoint of its own: a failed member
-// rolls back alone, and every member's response still waits for the COMMIT. A
-// member whose claim would wait on a concurrent duplicate is ejected and runs
-// alone. See GroupCommit for what it trades.
-//
 // # Scope
 //
 // Keys are unique per scope (a tenant or principal), never across scopes: the

@@ -20,9 +20,6 @@ package producer
 // concurrent duplicate needs no polling or "in progress" state either: its INSERT
 // blocks on the first arrival's uncommitted unique-index entry and wakes up when that
 // transaction ends, then replays (commit) or executes (rollback).
-//
-// With Config.GroupCommit, concurrent requests share that transaction, a savepoint
-// each, and its one COMMIT (group.go).
 
 import (
 	"bytes"
@@ -169,11 +166,6 @@ type Config struct {
 	// the Outcome constants and the request's duration. It is the hook for
 	// metrics.
 	Observer idem.Observer
-
-	// GroupCommit, when MaxRequests is set, runs concurrent requests in one
-	// shared transaction, a savepoint each, committed once for all of them: see
-	// GroupCommit for what that changes. Default: off, one transaction per request.
-	GroupCommit GroupCommit
 }
 
 // WithDefaults returns a copy of c with zero fields replaced by their defaults.
@@ -227,7 +219,7 @@ func (c Config) validate() error {
 	if c.MaxResponseBytes < 0 {
 		return fmt.Errorf("middleware: MaxResponseBytes %d is negative", c.MaxResponseBytes)
 	}
-	return c.GroupCommit.validate()
+	return nil
 }
 
 // noScope is the default scope: none. A client that sends a scope would otherwise
@@ -257,7 +249,6 @@ type Middleware struct {
 	cfg      Config
 	q        queries
 	inFlight chan struct{} // a slot per request in flight; nil when unbounded
-	groups   groups        // the transactions requests share (Config.GroupCommit)
 }
 
 // NewMiddleware returns a Middleware that keeps its records in pool's idem_requests
@@ -367,11 +358,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		}
 		defer func() { <-m.inFlight }()
 	}
-	if m.cfg.GroupCommit.MaxRequests > 0 && m.serveGrouped(a, r, next, scope, key, fp, body) {
-		return
-	}
-	// Alone: group commit is off, or the request was ejected from its group. BEGIN
-	// rides with the claim, and COMMIT with the stored response (requestTx).
+	// BEGIN rides with the claim, and COMMIT with the stored response (requestTx).
 	var lockedAt time.Time
 	tx, err := begin(ctx, m.pool, m.q.claimFirst,
 		[]any{scope, string(key), fp, r.Method, r.URL.Path, m.cfg.KeyLifetime.Seconds(), m.q.waitMs},

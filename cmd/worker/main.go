@@ -42,7 +42,6 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/tracelog"
-	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/refapp"
 )
 
@@ -140,8 +139,8 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 		o.ackWait, err = parseAckWait(v)
 		return err
 	})
-	fs.StringVar(&o.groupCommit, "group-commit", env("IDEM_GROUP_COMMIT", ""), fmt.Sprintf("group commit in the ingress: up to `N` (1..%d) concurrent requests share one transaction, a savepoint each, and one COMMIT; "+
-		"empty or 0 is off, one transaction per request (env IDEM_GROUP_COMMIT)", producer.MaxGroupRequests))
+	fs.StringVar(&o.groupCommit, "group-commit", env("IDEM_GROUP_COMMIT", ""), "removed: group commit at the ingress is gone, every request has its own transaction; "+
+		"empty or 0 is accepted, any other value is refused (env IDEM_GROUP_COMMIT)")
 	fs.BoolVar(&o.atomicPublish, "atomic-publish", env("IDEM_ATOMIC_PUBLISH", "") != "", "the relay publishes each batch as one JetStream atomic batch, one PubAck (and with fsync on every write one fsync) per batch; "+
 		"the stream the worker creates allows it; an existing stream that does not makes the relay publish message by message, with a warning; needs nats-server 2.12 or later (env IDEM_ATOMIC_PUBLISH)")
 	fs.StringVar(&o.reconcileAfter, "reconcile-after", env("IDEM_RECONCILE_AFTER", ""), "how long a published intent may stay unsettled by a consumer before the reconciler looks for it in the stream and re-drives it if lost; "+
@@ -175,17 +174,16 @@ func defaultDataDir() string {
 	return d
 }
 
-// parseGroupCommit reads --group-commit (IDEM_GROUP_COMMIT): requests per group
-// transaction, 0 (or empty) for off.
-func parseGroupCommit(v string) (int, error) {
-	if v == "" {
-		return 0, nil
+// checkGroupCommit refuses --group-commit (IDEM_GROUP_COMMIT) asking for group
+// commit, which was removed: a worker started with it must not run as if it were
+// on. Empty or 0, which meant off, still starts.
+func checkGroupCommit(v string) error {
+	if v == "" || v == "0" {
+		return nil
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > producer.MaxGroupRequests {
-		return 0, fmt.Errorf("--group-commit (IDEM_GROUP_COMMIT) must be a whole number from 0 (off) to %d, not %q", producer.MaxGroupRequests, v)
-	}
-	return n, nil
+	return fmt.Errorf("--group-commit (IDEM_GROUP_COMMIT) is %q, but group commit was removed from the ingress: "+
+		"it let one request's SET LOCAL and session settings leak into the next request's handler. "+
+		"Drop the flag or the variable; every request now runs in its own transaction", v)
 }
 
 // parseAckWait reads --ack-wait or IDEM_ACK_WAIT.
@@ -346,7 +344,7 @@ func runService(args []string, stderr io.Writer) error {
 	if cfg.Reconcile.After, cfg.DisableReconciler, err = parseReconcileAfter(o.reconcileAfter); err != nil {
 		return usageError{err}
 	}
-	if cfg.Ingress.GroupCommit.MaxRequests, err = parseGroupCommit(o.groupCommit); err != nil {
+	if err := checkGroupCommit(o.groupCommit); err != nil {
 		return usageError{err}
 	}
 	cfg.Relay.AtomicPublish, cfg.Stream.AllowAtomicPublish = o.atomicPublish, o.atomicPublish
