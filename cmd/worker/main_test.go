@@ -96,10 +96,7 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	}
 	t.Parallel()
 	db := pgtest.New(t)
-	bin := filepath.Join(t.TempDir(), "worker")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := workerBinary(t)
 	const n = 5000
 	ctx := context.Background()
 	if err := refapp.Migrate(ctx, db.Pool); err != nil {
@@ -190,7 +187,6 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	if got := db.Count(t, `SELECT count(DISTINCT idempotency_key) FROM ledger_entries`); got != n {
 		t.Fatalf("distinct keys = %d, want %d", got, n)
 	}
-	_ = os.Remove(bin)
 }
 
 // The shipped binary cannot arm fault points: IDEM_FAULTS (which could switch the
