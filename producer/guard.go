@@ -157,16 +157,20 @@ func (c *guardConn) Close() error {
 
 // The framer's states: where in the HTTP/1.1 request stream the next byte is.
 const (
-	stMessage    = iota // before a request line (CR and LF are skipped)
-	stHeader            // in the request line or a header field line
-	stBody              // in a Content-Length body: remain bytes left
-	stChunkSize         // in a chunk-size line
-	stChunkData         // in chunk data: remain bytes left
-	stChunkEnd          // in the CRLF after chunk data: remain bytes of it left
-	stTrailer           // in the trailer section after the last chunk
-	maxLineKept         = 256
-	tailKept            = 16
-	maxChunkLine        = 4096 // net/http's limit on a chunk-size line
+	stMessage   = iota // before a request line (CR and LF are skipped)
+	stHeader           // in the request line or a header field line
+	stBody             // in a Content-Length body: remain bytes left
+	stChunkSize        // in a chunk-size line
+	stChunkData        // in chunk data: remain bytes left
+	stChunkEnd         // in the CRLF after chunk data: remain bytes of it left
+	stTrailer          // in the trailer section after the last chunk
+)
+
+// What the framer keeps of a line, and net/http's limit on a chunk-size line.
+const (
+	maxLineKept  = 256
+	tailKept     = 16
+	maxChunkLine = 4096
 )
 
 // framer follows a request stream as net/http reads it: each request line and
