@@ -311,6 +311,9 @@ func runService(args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkLegacyDataDir(fs, o); err != nil {
+		return err
+	}
 	cfg := refapp.Config{
 		HTTPAddr:    o.httpAddr,
 		MetricsAddr: o.metricsAddr,
@@ -364,8 +367,6 @@ func runService(args []string, stderr io.Writer) error {
 		}
 	}()
 	cfg.TracerProvider = tp
-
-	warnLegacyDataDir(fs, o, log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -426,26 +427,31 @@ func runService(args []string, stderr io.Writer) error {
 // to the working directory, so each directory a worker ran in had its own.
 const legacyDataDir = "idem-data"
 
-// warnLegacyDataDir says so when the worker was started, with no data dir named,
-// in a directory holding an earlier version's data dir: that worker's private
-// Postgres and JetStream store are there, not in the default one used now.
-func warnLegacyDataDir(fs *flag.FlagSet, o *options, log *slog.Logger) {
+// checkLegacyDataDir refuses to start a worker with no data dir named in a
+// directory holding an earlier version's data dir. That one holds the earlier
+// worker's private Postgres and JetStream store (outbox rows not yet published,
+// the keys of requests already executed); the default one would start on an
+// empty database and stream, and the clients' retries would execute again.
+func checkLegacyDataDir(fs *flag.FlagSet, o *options) error {
 	named := os.Getenv("IDEM_DATA_DIR") != ""
 	fs.Visit(func(f *flag.Flag) { named = named || f.Name == "data-dir" })
 	if named {
-		return
+		return nil
 	}
 	fi, err := os.Stat(legacyDataDir)
 	if err != nil || !fi.IsDir() {
-		return
+		return nil
 	}
 	old, err := filepath.Abs(legacyDataDir)
 	if err != nil || old == o.dataDir {
-		return
+		return nil
 	}
-	log.Warn("the working directory holds the data dir of an earlier version (its private Postgres and JetStream store), "+
-		"but this version's default data dir is another: to keep using the old one, pass --data-dir or set IDEM_DATA_DIR",
-		"old", old, "data_dir", o.dataDir)
+	return fmt.Errorf("the working directory holds %s, the data dir of an earlier version (its private Postgres and JetStream store), "+
+		"but this version's default data dir is %s: starting there would begin on an empty database and stream, "+
+		"abandon the old outbox and execute the clients' retries again. Name the data dir: keep the old one with "+
+		"--data-dir %s (or IDEM_DATA_DIR), or, with no worker running, move it to the default (mv %s %s, when that does not exist yet); "+
+		"rename or remove %s only if its data is no longer wanted",
+		old, o.dataDir, old, old, o.dataDir, old)
 }
 
 func applyRoles(cfg *refapp.Config, roles string) error {
