@@ -2,9 +2,11 @@ package refapp_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,5 +99,30 @@ func TestDecodersRefuseTextNoColumnCanHold(t *testing.T) {
 	}
 	if _, _, err := refapp.DecodeEmail([]byte(`{"to":"a@example.com","subject":"\u0000","body":""}`)); err == nil || !strings.Contains(err.Error(), "NUL") {
 		t.Errorf("DecodeEmail with a NUL: %v", err)
+	}
+}
+
+// The console's token or password must not cross a network in plain HTTP: on a
+// listener that is not loopback Start refuses it, saying how to serve it instead,
+// unless AllowPlainHTTP says a TLS-terminating proxy is the only way there.
+func TestConsoleCredentialsRefusedOverPlainHTTPOffLoopback(t *testing.T) {
+	s := setup(t)
+	cfg := s.config()
+	cfg.MetricsAddr = "0.0.0.0:0" // the console's listener, on every interface
+	cfg.Console = refapp.ConsoleConfig{Enabled: true, Token: "t0ken"}
+	_, err := refapp.Start(context.Background(), s.env.DB.Pool, s.env.NC, cfg)
+	if err == nil || !strings.Contains(err.Error(), "plain HTTP") || !strings.Contains(err.Error(), "127.0.0.1") || !strings.Contains(err.Error(), "--console-allow-plain-http") {
+		t.Fatalf("Start with a token on 0.0.0.0: %v; want a refusal saying how to serve the console", err)
+	}
+	cfg.Console.AllowPlainHTTP = true
+	svc := s.start(t, cfg)
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noRedirect.Get("http://" + svc.MetricsAddr() + refapp.ConsolePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("the console without its token: %d, want it to ask for the token", resp.StatusCode)
 	}
 }

@@ -51,33 +51,36 @@ func main() {
 
 // options are the flags shared by every subcommand.
 type options struct {
-	databaseURL     string
-	natsURL         string
-	natsAuth        runenv.NATSAuth
-	streamReplicas  string
-	httpAddr        string
-	dataDir         string
-	smtpAddr        string // deprecated: smtpURL
-	smtpURL         string
-	smtpCA          string
-	smtpFrom        string
-	schema          string
-	logFormat       string
-	logLevel        string
-	shutdownTimeout time.Duration
-	roles           string
-	trace           string
-	ackWait         time.Duration
-	reconcileAfter  string
-	groupCommit     string
-	noMigrate       bool
-	atomicPublish   bool
-	metricsAddr     string
-	console         bool
-	consoleToken    string
-	consoleUser     string
-	consolePassword string
-	version         bool
+	databaseURL      string
+	natsURL          string
+	natsAuth         runenv.NATSAuth
+	streamReplicas   string
+	httpAddr         string
+	dataDir          string
+	smtpAddr         string // deprecated: smtpURL
+	smtpURL          string
+	smtpCA           string
+	smtpFrom         string
+	schema           string
+	logFormat        string
+	logLevel         string
+	shutdownTimeout  time.Duration
+	roles            string
+	trace            string
+	ackWait          time.Duration
+	reconcileAfter   string
+	groupCommit      string
+	noMigrate        bool
+	atomicPublish    bool
+	metricsAddr      string
+	console          bool
+	consoleToken     string
+	consoleUser      string
+	consolePassword  string
+	consolePlainHTTP bool
+	version          bool
+	// The files the secrets may be read from instead (secrets.go).
+	consoleTokenFile, consolePasswordFile, natsPasswordFile string
 	// envErrs are environment fallbacks that do not parse, reported by runService.
 	envErrs []error
 }
@@ -89,6 +92,12 @@ func env(name, def string) string {
 	return def
 }
 
+// envBool reads a switch from the environment: set, and not 0 or false, is on.
+func envBool(name string) bool {
+	v := os.Getenv(name)
+	return v != "" && v != "0" && v != "false"
+}
+
 func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	o := &options{}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -98,18 +107,21 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.natsAuth.CredsFile, "nats-creds", env("IDEM_NATS_CREDS", ""), "NATS user credentials file (JWT and seed) (env IDEM_NATS_CREDS)")
 	fs.StringVar(&o.natsAuth.NKeyFile, "nats-nkey", env("IDEM_NATS_NKEY", ""), "file holding the NATS user's nkey seed (env IDEM_NATS_NKEY)")
 	fs.StringVar(&o.natsAuth.User, "nats-user", env("IDEM_NATS_USER", ""), "NATS user, with --nats-password (env IDEM_NATS_USER)")
-	fs.StringVar(&o.natsAuth.Password, "nats-password", env("IDEM_NATS_PASSWORD", ""), "NATS password; prefer the environment variable to the flag, which other users can see (env IDEM_NATS_PASSWORD)")
+	fs.StringVar(&o.natsAuth.Password, "nats-password", env("IDEM_NATS_PASSWORD", ""), "NATS password; as a flag every user of the machine can read it: prefer the env var or --nats-password-file (env IDEM_NATS_PASSWORD)")
 	fs.StringVar(&o.natsAuth.CAFile, "nats-ca", env("IDEM_NATS_CA", ""), "PEM file of the CAs that sign the NATS server's certificate (env IDEM_NATS_CA)")
 	fs.StringVar(&o.natsAuth.CertFile, "nats-cert", env("IDEM_NATS_CERT", ""), "client certificate for NATS mutual TLS, with --nats-key (env IDEM_NATS_CERT)")
 	fs.StringVar(&o.natsAuth.KeyFile, "nats-key", env("IDEM_NATS_KEY", ""), "client key for NATS mutual TLS (env IDEM_NATS_KEY)")
 	fs.StringVar(&o.streamReplicas, "stream-replicas", env("IDEM_STREAM_REPLICAS", "1"), "replicas of the stream the worker creates (3 on a three-node JetStream cluster); an existing stream is left as it is, with a warning when it has fewer (env IDEM_STREAM_REPLICAS)")
 	fs.StringVar(&o.httpAddr, "http-addr", env("IDEM_HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env IDEM_HTTP_ADDR)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", env("IDEM_METRICS_ADDR", ""), "serve /metrics on this address instead of the HTTP address, e.g. 127.0.0.1:9090 (env IDEM_METRICS_ADDR)")
-	fs.BoolVar(&o.console, "console", env("IDEM_CONSOLE", "") != "" && env("IDEM_CONSOLE", "") != "0" && env("IDEM_CONSOLE", "") != "false",
+	fs.BoolVar(&o.console, "console", envBool("IDEM_CONSOLE"),
 		"serve the operator console at /console, on the listener of /metrics (env IDEM_CONSOLE)")
-	fs.StringVar(&o.consoleToken, "console-token", env("IDEM_CONSOLE_TOKEN", ""), "require this token for the console (Authorization: Bearer, or its login page); prefer the env var (env IDEM_CONSOLE_TOKEN)")
+	fs.StringVar(&o.consoleToken, "console-token", env("IDEM_CONSOLE_TOKEN", ""), "require this token for the console (Authorization: Bearer, or its login page); as a flag every user of the machine can read it: prefer the env var or --console-token-file (env IDEM_CONSOLE_TOKEN)")
 	fs.StringVar(&o.consoleUser, "console-user", env("IDEM_CONSOLE_USER", ""), "require HTTP basic auth for the console with this user (env IDEM_CONSOLE_USER)")
-	fs.StringVar(&o.consolePassword, "console-password", env("IDEM_CONSOLE_PASSWORD", ""), "the basic-auth password of --console-user; prefer the env var (env IDEM_CONSOLE_PASSWORD)")
+	fs.StringVar(&o.consolePassword, "console-password", env("IDEM_CONSOLE_PASSWORD", ""), "the basic-auth password of --console-user; as a flag every user of the machine can read it: prefer the env var or --console-password-file (env IDEM_CONSOLE_PASSWORD)")
+	fs.BoolVar(&o.consolePlainHTTP, "console-allow-plain-http", envBool("IDEM_CONSOLE_ALLOW_PLAIN_HTTP"),
+		"serve the console, with its token or password, over plain HTTP on a listener that is not loopback: only when a TLS-terminating proxy, or a network you trust, is the only way to it (env IDEM_CONSOLE_ALLOW_PLAIN_HTTP)")
+	registerSecretFiles(fs, o)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", defaultDataDir()), "directory for the embedded JetStream store, the private Postgres, the worker's lock and its database record; "+
 		"the operator commands find a running worker's files there (env IDEM_DATA_DIR; default $XDG_STATE_HOME/idem, else ~/.local/state/idem, /var/lib/idem for root)")
@@ -289,6 +301,9 @@ func parse(name string, args []string, stderr io.Writer) (*options, *flag.FlagSe
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, nil, usageError{err}
 	}
+	if err := o.readSecretFiles(); err != nil {
+		return nil, nil, nil, err
+	}
 	return o, fs, fs.Args(), nil
 }
 
@@ -307,6 +322,7 @@ func runService(args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
+	warnSecretsOnCommandLine(fs, o, log)
 	faults, err := faultsFromEnv()
 	if err != nil {
 		return err
@@ -321,7 +337,7 @@ func runService(args []string, stderr io.Writer) error {
 		NoMigrate:   o.noMigrate,
 		Logger:      log,
 		Console: refapp.ConsoleConfig{Enabled: o.console, Token: o.consoleToken,
-			BasicUser: o.consoleUser, BasicPassword: o.consolePassword},
+			BasicUser: o.consoleUser, BasicPassword: o.consolePassword, AllowPlainHTTP: o.consolePlainHTTP},
 	}
 	if cfg.Stream.Replicas, err = strconv.Atoi(o.streamReplicas); err != nil || cfg.Stream.Replicas < 1 {
 		return usagef("--stream-replicas (IDEM_STREAM_REPLICAS) must be a whole number of at least 1, not %q", o.streamReplicas)
