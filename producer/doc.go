@@ -28,6 +28,13 @@
 // (or 408, 425, 429) from the handler rolls everything back and is never stored,
 // so the retry runs again.
 //
+// # Serving
+//
+// Serve the wrapped handlers through GuardListener. Go's net/http executes a
+// request hidden in the body of one that carries both Content-Length and
+// Transfer-Encoding, and hides that from every handler, so the middleware cannot
+// refuse it; the listener can.
+//
 // # Scope
 //
 // Keys are unique per scope (a tenant or principal), never across scopes: the
