@@ -194,9 +194,10 @@ type framer struct {
 	cut         bool // a tracked field line was longer than maxLineKept
 }
 
-// feed advances the framer over b. When the header block of a request that must
-// be refused completes in b, it returns a reason, and the offset in b where that
-// request began (0 when it began in an earlier feed).
+// feed advances the framer over b. When a header block that must be refused
+// completes in b, or a body's framing goes wrong, it returns a reason; for a
+// header block also the offset in b where that request began (0 when it began in
+// an earlier feed), with the framer left in stHeader.
 func (f *framer) feed(b []byte) (start int, reason string) {
 	for i := 0; i < len(b); {
 		switch f.state {
