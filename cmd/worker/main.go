@@ -187,8 +187,8 @@ func defaultDataDir() string {
 }
 
 // checkGroupCommit refuses --group-commit (IDEM_GROUP_COMMIT) asking for group
-// commit, which was removed: a worker started with it must not run as if it were
-// on. Empty or 0, which meant off, still starts.
+// commit, which the ingress does not have: a worker started with it must not run
+// as if it were on. Empty or 0 (off) starts.
 func checkGroupCommit(v string) error {
 	if v == "" || v == "0" {
 		return nil
