@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-// Group commit was removed: a worker told to use it, by flag or by environment,
-// refuses to start and says so, rather than running without it unannounced. 0,
-// which meant off, still starts (here it then fails on the database nobody runs).
-func TestGroupCommitWasRemoved(t *testing.T) {
+// The ingress has no group commit: a worker told to use it, by flag or by
+// environment, refuses to start and says so, rather than running without it
+// unannounced. 0 (off) starts (here it then fails on the database nobody runs).
+func TestGroupCommitIsRefused(t *testing.T) {
 	t.Setenv("IDEM_GROUP_COMMIT", "") // rules out t.Parallel
 	dead := "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
 	start := func(args ...string) (int, string) {
