@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/textproto"
+	"slices"
 )
 
 // response is a response as captured from the handler or read from a record.
@@ -61,7 +63,7 @@ func (c *capture) result() response {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
-	h := c.sent
+	h := canonical(c.sent)
 	// These describe one connection or one transfer, not the response, and net/http
 	// recomputes them; replaying the first ones would be wrong.
 	for _, name := range []string{
@@ -79,6 +81,29 @@ func (c *capture) result() response {
 		body = []byte{}
 	}
 	return response{status: c.status, header: h, body: body}
+}
+
+// canonical returns h with every field name in its canonical form, the values of
+// names that differ only in case merged. A handler may write the map directly
+// (h["set-cookie"]), and net/http sends such a name as it is; every rule below
+// about a field must see it, whatever its spelling.
+func canonical(h http.Header) http.Header {
+	var odd []string // names not in canonical form
+	for name := range h {
+		if textproto.CanonicalMIMEHeaderKey(name) != name {
+			odd = append(odd, name)
+		}
+	}
+	if len(odd) == 0 {
+		return h
+	}
+	slices.Sort(odd) // merged in one order, so a replay is the same every time
+	for _, name := range odd {
+		cn := textproto.CanonicalMIMEHeaderKey(name)
+		h[cn] = append(h[cn], h[name]...)
+		delete(h, name)
+	}
+	return h
 }
 
 // storedHeader is what of a response's header is kept for replays. Set-Cookie is a

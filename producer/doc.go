@@ -21,18 +21,19 @@
 //
 // What a client sees: a duplicate gets the first status and body again with
 // Idempotent-Replayed: true; a missing or malformed key is 400; the same key with a
-// different method, path or body is 422; the same key while the first request is
-// still running is 409 with Retry-After once Config.Wait runs out; an oversize
-// body is 413 before anything is claimed; a 5xx (or 408, 425, 429) from the handler
-// rolls everything back and is never stored, so the retry runs again.
+// different method, path or body is 422, and so is a UUIDv7 key older than the
+// service remembers keys (Config.KeyLifetime) that has no live record; the same
+// key while the first request is still running is 409 with Retry-After once
+// Config.Wait runs out; an oversize body is 413 before anything is claimed; a 5xx
+// (or 408, 425, 429) from the handler rolls everything back and is never stored,
+// so the retry runs again.
 //
-// # Group commit
+// # Serving
 //
-// Config.GroupCommit (off by default) lets concurrent requests share one
-// transaction and one COMMIT, each under a savepoint of its own: a failed member
-// rolls back alone, and every member's response still waits for the COMMIT. A
-// member whose claim would wait on a concurrent duplicate is ejected and runs
-// alone. See GroupCommit for what it trades.
+// Serve the wrapped handlers through GuardListener. Go's net/http executes a
+// request hidden in the body of one that carries both Content-Length and
+// Transfer-Encoding, and hides that from every handler, so the middleware cannot
+// refuse it; the listener can.
 //
 // # Scope
 //

@@ -20,9 +20,6 @@ package producer
 // concurrent duplicate needs no polling or "in progress" state either: its INSERT
 // blocks on the first arrival's uncommitted unique-index entry and wakes up when that
 // transaction ends, then replays (commit) or executes (rollback).
-//
-// With Config.GroupCommit, concurrent requests share that transaction, a savepoint
-// each, and its one COMMIT (group.go).
 
 import (
 	"bytes"
@@ -108,6 +105,14 @@ type Config struct {
 	// retries, resume after a restart), so keep it long and bound storage by
 	// retention (the worker's collector deletes expired records in small batches)
 	// instead. Default DefaultKeyLifetime.
+	//
+	// It also bounds how old a key may be. A key that carries the time it was
+	// minted (a UUIDv7, as idem.NewKey mints) and is older than KeyLifetime, less
+	// a margin for the clocks involved (a quarter of it, at most an hour), is
+	// refused with 422 idempotency_key_expired unless its record is still live:
+	// its first request may have executed and been forgotten since, and running it
+	// again would be the double effect the key exists to prevent. Other keys carry
+	// no time; their clients must stop re-sending within KeyLifetime on their own.
 	KeyLifetime time.Duration
 
 	// Wait is how long a concurrent duplicate waits for the first arrival with the
@@ -169,11 +174,6 @@ type Config struct {
 	// the Outcome constants and the request's duration. It is the hook for
 	// metrics.
 	Observer idem.Observer
-
-	// GroupCommit, when MaxRequests is set, runs concurrent requests in one
-	// shared transaction, a savepoint each, committed once for all of them: see
-	// GroupCommit for what that changes. Default: off, one transaction per request.
-	GroupCommit GroupCommit
 }
 
 // WithDefaults returns a copy of c with zero fields replaced by their defaults.
@@ -227,14 +227,17 @@ func (c Config) validate() error {
 	if c.MaxResponseBytes < 0 {
 		return fmt.Errorf("middleware: MaxResponseBytes %d is negative", c.MaxResponseBytes)
 	}
-	return c.GroupCommit.validate()
+	return nil
 }
+
+// errScopeNotAccepted is noScope's refusal of a client's Idempotency-Scope.
+var errScopeNotAccepted = fmt.Errorf("this service does not take the %s header: the scope of a key comes from the service (the authenticated caller), not from the client; send the request without it", idem.HeaderScope)
 
 // noScope is the default scope: none. A client that sends a scope would otherwise
 // believe its keys are kept apart from other tenants' when they are not.
 func noScope(r *http.Request) (string, error) {
 	if len(r.Header.Values(idem.HeaderScope)) > 0 {
-		return "", fmt.Errorf("this service does not take the %s header: the scope of a key comes from the service (the authenticated caller), not from the client", idem.HeaderScope)
+		return "", errScopeNotAccepted
 	}
 	return "", nil
 }
@@ -257,7 +260,8 @@ type Middleware struct {
 	cfg      Config
 	q        queries
 	inFlight chan struct{} // a slot per request in flight; nil when unbounded
-	groups   groups        // the transactions requests share (Config.GroupCommit)
+	// keyAgeLimit: a UUIDv7 key older than this with no live record is refused.
+	keyAgeLimit time.Duration
 }
 
 // NewMiddleware returns a Middleware that keeps its records in pool's idem_requests
@@ -277,7 +281,7 @@ func NewMiddleware(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 		}
 		cfg.Outbox = ob
 	}
-	m := &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.Wait)}
+	m := &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.Wait), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime)}
 	if cfg.MaxInFlight > 0 {
 		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -304,11 +308,14 @@ func (m *Middleware) Config() Config { return m.cfg }
 //   - 5xx or a panic: not final. The transaction rolls back — business rows, outbox
 //     messages and the claim disappear — and the retry executes again.
 //
-// The middleware's own answers: 400 missing or malformed key or scope; 413 body over
-// MaxBodyBytes; 500 response_too_large (rolled back) when the handler writes more
-// than MaxResponseBytes; 422 key reused with a different method, path or body; 409 with
+// The middleware's own answers: 400 missing or malformed key or scope, or a scope
+// header the service does not take; 413 body over MaxBodyBytes; 500
+// response_too_large (rolled back) when the handler writes more than
+// MaxResponseBytes; 422 key reused with a different method, path or body, or a
+// key older than the service remembers keys (see Config.KeyLifetime); 409 with
 // Retry-After when the first arrival is still running after Wait; 503 when the
-// database is unreachable. None of them stores anything.
+// database is unreachable or MaxInFlight requests are running. None of them stores
+// anything.
 //
 // Wrap on a nil Middleware (a worker's Ingress when worker.Config.Ingress was left
 // out) logs the mistake once and returns a handler that never runs next and answers
@@ -344,12 +351,27 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = idem.ValidateScope(scope)
 	}
 	if err != nil {
-		a.reject(http.StatusBadRequest, "malformed_idempotency_scope", err.Error())
+		code := "malformed_idempotency_scope"
+		if errors.Is(err, errScopeNotAccepted) {
+			code = "idempotency_scope_not_accepted"
+		}
+		a.reject(http.StatusBadRequest, code, err.Error())
 		return
 	}
 	a.log = a.log.With("scope", scope, "key", string(key))
 
-	// 2. Buffer the body: the fingerprint needs all of it, and the handler may read
+	// 2. Take a slot among the requests in flight before reading the body, so that
+	// the bodies buffered at once are bounded by MaxInFlight, not by how many
+	// connections are open.
+	if m.inFlight != nil {
+		if !m.enter(ctx) {
+			a.busy()
+			return
+		}
+		defer func() { <-m.inFlight }()
+	}
+
+	// 3. Buffer the body: the fingerprint needs all of it, and the handler may read
 	// it again. An oversize body is refused before the claim, so the client can fix
 	// the request and retry with the same key.
 	body, err := m.readBody(w, r)
@@ -365,20 +387,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	fp := fingerprint(r.Method, r.URL.RequestURI(), body)
 
-	// 3. One transaction for claim, effect and stored response, within the bound
-	// on requests in flight.
-	if m.inFlight != nil {
-		if !m.enter(ctx) {
-			a.busy()
-			return
-		}
-		defer func() { <-m.inFlight }()
-	}
-	if m.cfg.GroupCommit.MaxRequests > 0 && m.serveGrouped(a, r, next, scope, key, fp, body) {
-		return
-	}
-	// Alone: group commit is off, or the request was ejected from its group. BEGIN
-	// rides with the claim, and COMMIT with the stored response (requestTx).
+	// 4. One transaction for claim, effect and stored response. BEGIN rides with
+	// the claim, and COMMIT with the stored response (requestTx).
 	var lockedAt time.Time
 	tx, err := begin(ctx, m.pool, m.q.claimFirst,
 		[]any{scope, string(key), fp, r.Method, r.URL.Path, m.cfg.KeyLifetime.Seconds(), m.q.waitMs},
@@ -406,8 +416,18 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		a.fromRecord(claimed.rec, fp)
 		return
 	}
+	if age, old := m.keyTooOld(key, time.Now()); old {
+		// No live record, and the key is older than records are kept: its first
+		// request may have executed and been forgotten. Executing it now could be
+		// the second time; the claim is rolled back.
+		a.end(tx)
+		a.reject(http.StatusUnprocessableEntity, "idempotency_key_expired",
+			fmt.Sprintf("this Idempotency-Key was minted %v ago, longer than this service remembers keys (%v): whether its request already took effect can no longer be told, so it is not executed. "+
+				"Do not re-send this intent under a new key without checking that it did not take effect; mint a new key only for a new intent", age.Round(time.Second), m.cfg.KeyLifetime))
+		return
+	}
 
-	// 4. Run the handler inside the transaction, capturing its response instead of
+	// 5. Run the handler inside the transaction, capturing its response instead of
 	// sending it: nothing may reach the client before the record commits.
 	setBody(r, body)
 	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.cfg.Outbox, batch: &pgx.Batch{}}
@@ -435,7 +455,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 
-	// 5. Write the handler's outbox messages, remember the response and commit, in
+	// 6. Write the handler's outbox messages, remember the response and commit, in
 	// one round trip.
 	messages := intent.batch.Len()
 	intent.batch.Queue(m.q.complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body)

@@ -267,6 +267,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 		},
 		{
 			name: "malformed scope is 400",
+			cfg:  producer.Config{ScopeFromHeader: true},
 			steps: []step{
 				{req: req{path: "/ok", key: key("k1"), scope: strings.Repeat("s", 256), body: body}, status: 400, code: "malformed_idempotency_scope", outcome: "rejected"},
 			},
@@ -346,7 +347,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 		{
 			name: "by default a client's scope header is refused, not trusted",
 			steps: []step{
-				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 400, code: "malformed_idempotency_scope", outcome: "rejected"},
+				{req: req{path: "/ok", key: key("k1"), scope: "tenant-a", body: body}, status: 400, code: "idempotency_scope_not_accepted", outcome: "rejected"},
 				{req: req{path: "/ok", key: key("k1"), body: body}, status: 201, outcome: "new"},
 			},
 			wantWrites: 1, wantRecords: 1,

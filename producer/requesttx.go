@@ -11,12 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// requestTx is a request's own transaction (group commit off), on a connection the
-// middleware holds for the request. The middleware begins it in the round trip
-// that claims the key, and commits it in the round trip that writes the outbox
-// rows and the stored response: a request costs the middleware two round trips
-// of its own, where pgx's Tx, which sends BEGIN and COMMIT by themselves, costs
-// four. The handler's statements come in between.
+// requestTx is a request's own transaction, on a connection the middleware holds
+// for the request. The middleware begins it in the round trip that claims the key,
+// and commits it in the round trip that writes the outbox rows and the stored
+// response: a request costs the middleware two round trips of its own, where pgx's
+// Tx, which sends BEGIN and COMMIT by themselves, costs four. The handler's
+// statements come in between.
 //
 // The handler sees it as Intent.Tx, a pgx.Tx it may query, batch and copy
 // through, and nest savepoints in (Begin), but not end: its Commit and Rollback

@@ -10,22 +10,12 @@ import (
 // All of the middleware's SQL, in one place, so a reviewer can read the whole
 // protocol against the idem_requests table without hunting through Go code.
 //
-// Every statement runs inside the request's one transaction (see Middleware.Wrap),
-// or, with Config.GroupCommit, inside the request's savepoint of its group's
-// transaction (see group.go).
+// Every statement runs inside the request's one transaction (see Middleware.Wrap).
 const (
-	// sqlBegin opens a group's transaction (Config.GroupCommit; a request alone
-	// begins with sqlBeginRequest and sqlClaimFirst) and bounds how long any of its
-	// statements waits for a lock, above all the claim's wait on a concurrent
-	// duplicate's uncommitted row, in one round trip (two statements in one simple
-	// query). The %d is the middleware's Wait in milliseconds, formatted from an
-	// integer: SET cannot take a bind parameter.
-	sqlBegin = `BEGIN; SET LOCAL lock_timeout = '%dms'`
-
-	// A request alone (group commit off) runs in a requestTx: BEGIN goes in one
-	// batch with sqlClaimFirst, COMMIT in one with the outbox INSERTs and
-	// sqlComplete. Extended-protocol statements, one per message, so no SET LOCAL
-	// can ride along: sqlClaimFirst sets the lock timeout itself.
+	// A request runs in a requestTx: BEGIN goes in one batch with sqlClaimFirst,
+	// COMMIT in one with the outbox INSERTs and sqlComplete. Extended-protocol
+	// statements, one per message, so no SET LOCAL can ride along: sqlClaimFirst
+	// sets the lock timeout itself.
 	sqlBeginRequest    = `BEGIN`
 	sqlCommitRequest   = `COMMIT`
 	sqlRollbackRequest = `ROLLBACK`
@@ -41,8 +31,8 @@ const (
 	// sqlClaimFirst is sqlClaim as the transaction's first statement: its FROM
 	// subquery, evaluated before the row is inserted (so before any wait on a
 	// concurrent duplicate's uncommitted row), sets lock_timeout to $7, Wait, for
-	// the rest of the transaction, as sqlBegin's SET LOCAL does (set_config with
-	// is_local true is SET LOCAL). The handler's statements inherit it.
+	// the rest of the transaction (set_config with is_local true is SET LOCAL).
+	// The handler's statements inherit it.
 	sqlClaimFirst = `
 INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, expires_at)
 SELECT $1, $2, $3, $4, $5, 'running', now() + make_interval(secs => $6::float8)
@@ -85,62 +75,20 @@ WHERE scope = $1 AND key = $2 AND expires_at <= now()`
 UPDATE idem_requests
 SET status = 'done', response_code = $3, response_headers = $4, response_body = $5
 WHERE scope = $1 AND key = $2`
-
-	// Group commit (Config.GroupCommit): each member runs under this savepoint of
-	// the group's transaction. One name serves every member, since a member's
-	// savepoint is always released (or rolled back and released) before the next
-	// member's is set.
-	sqlSavepointMember = `SAVEPOINT idem_member`
-
-	// sqlReleaseMember keeps a member's claim, effect and stored response in the
-	// group's transaction. It is sent in the batch that stores the response.
-	sqlReleaseMember = `RELEASE SAVEPOINT idem_member`
-
-	// sqlRollbackMember undoes a member that failed or was ejected, and nothing of
-	// the others: its rows, its claim, and its SET LOCAL lock_timeout. RELEASE then
-	// drops the savepoint itself, so savepoints do not nest member after member.
-	sqlRollbackMember = `ROLLBACK TO SAVEPOINT idem_member; RELEASE SAVEPOINT idem_member`
-
-	// sqlGroupClaim is sqlClaim for a member of a group, carrying its own lock
-	// timeouts so that the claim costs no statements more than alone: the FROM
-	// subquery, evaluated before the row is inserted (so before any wait on a
-	// concurrent duplicate's uncommitted row), sets lock_timeout to $7, the short
-	// bound that ejects the member instead of stalling its group; RETURNING, only
-	// evaluated for a row actually inserted, gives the handler $8, Wait, back. A
-	// conflict leaves the short bound for the rest of the claim; ROLLBACK TO the
-	// member's savepoint undoes either (set_config with is_local is SET LOCAL).
-	sqlGroupClaim = `
-INSERT INTO idem_requests (scope, key, fingerprint, method, path, status, expires_at)
-SELECT $1, $2, $3, $4, $5, 'running', now() + make_interval(secs => $6::float8)
-FROM (SELECT set_config('lock_timeout', $7, true)) AS short_lock_timeout
-ON CONFLICT (scope, key) DO NOTHING
-RETURNING locked_at, set_config('lock_timeout', $8, true)`
-
-	// sqlLockTimeout sets the lock wait of what follows in the transaction; inside
-	// a savepoint, ROLLBACK TO undoes it. A grouped claim that found a record and
-	// then claimed the key afresh (the record had expired) uses it to give the
-	// handler Wait back. The %d is milliseconds, from an integer.
-	sqlLockTimeout = `SET LOCAL lock_timeout = '%dms'`
 )
 
 // queries is the SQL of one schema: idem_requests qualified once, when the
 // middleware is built.
 type queries struct {
-	begin, claim, claimFirst, lookup, deleteExpired, complete string
-	// waitTimeout is sqlLockTimeout with Wait.
-	waitTimeout string
-	// groupClaim is sqlGroupClaim; groupClaimMs and waitMs its $7 and $8.
-	groupClaim, groupClaimMs, waitMs string
+	claim, claimFirst, lookup, deleteExpired, complete string
+	// waitMs is Wait as a lock_timeout setting, sqlClaimFirst's $7.
+	waitMs string
 }
 
 func newQueries(schema string, wait time.Duration) queries {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return queries{
-		begin: fmt.Sprintf(sqlBegin, max(wait.Milliseconds(), 1)),
 		claim: q(sqlClaim), claimFirst: q(sqlClaimFirst), lookup: q(sqlLookup), deleteExpired: q(sqlDeleteExpired), complete: q(sqlComplete),
-		waitTimeout:  fmt.Sprintf(sqlLockTimeout, max(wait.Milliseconds(), 1)),
-		groupClaim:   q(sqlGroupClaim),
-		groupClaimMs: fmt.Sprintf("%dms", max(groupClaimLockTimeout.Milliseconds(), 1)),
-		waitMs:       fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)),
+		waitMs: fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)),
 	}
 }

@@ -105,13 +105,18 @@ type HTTPConfig struct {
 
 // ConsoleConfig turns on the operator console and says who may use it. On a
 // listener that is not loopback, Start refuses a console without Token or
-// BasicUser.
+// BasicUser, and one with them unless AllowPlainHTTP: the application serves no
+// TLS, and the token or password would cross the network in the clear.
 type ConsoleConfig struct {
 	Enabled bool
 	// Token, when set, is required (Authorization: Bearer, or the login page).
 	Token string
 	// BasicUser and BasicPassword, when BasicUser is set, require basic auth.
 	BasicUser, BasicPassword string
+	// AllowPlainHTTP serves the console with its credentials on a listener that
+	// is not loopback. Set it only when a TLS-terminating proxy, or a network you
+	// trust, is the only way to that listener.
+	AllowPlainHTTP bool
 }
 
 func (c HTTPConfig) withDefaults() HTTPConfig {

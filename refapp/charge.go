@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -22,11 +23,36 @@ type Charge struct {
 // Validate is the one rule for a charge, applied by the ingress (400) and by the
 // consumer (a dead letter): what the ingress accepts, the consumer can process.
 func (c Charge) Validate() error {
+	if err := checkText("account", c.Account); err != nil {
+		return err
+	}
 	switch {
 	case strings.TrimSpace(c.Account) == "":
 		return errors.New(`"account" is required`)
 	case c.AmountCents <= 0:
 		return fmt.Errorf(`"amount_cents" must be a positive integer, got %d`, c.AmountCents)
+	}
+	return nil
+}
+
+// textError is a payload field that a Postgres text column cannot hold: a NUL
+// character, or bytes that are not UTF-8. No retry can store it, so the ingress
+// refuses it (400 invalid_text) and a consumer dead-letters it.
+type textError struct {
+	field, problem string
+}
+
+func (e *textError) Error() string {
+	return fmt.Sprintf("%q %s, which this service cannot store: send text without it", e.field, e.problem)
+}
+
+// checkText is the rule for every text field of a payload: valid UTF-8, no NUL.
+func checkText(field, s string) error {
+	if i := strings.IndexByte(s, 0); i >= 0 {
+		return &textError{field, fmt.Sprintf("holds a NUL character (U+0000) at byte %d", i)}
+	}
+	if !utf8.ValidString(s) {
+		return &textError{field, "is not valid UTF-8"}
 	}
 	return nil
 }

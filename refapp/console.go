@@ -22,8 +22,15 @@ const ConsolePath = "/console"
 // application's effects (payments, emails, ledger rows) and totals, the dead
 // letters, the stream and the worker's counters.
 func newConsole(pool *pgxpool.Pool, w *worker.Worker, reg *prometheus.Registry, cfg Config, addr net.Addr) (http.Handler, error) {
-	if cfg.Console.Token == "" && cfg.Console.BasicUser == "" && !loopback(addr) {
-		return nil, fmt.Errorf("refapp: console: %s is not a loopback address: set a console token or basic auth to serve the console there", addr)
+	if !loopback(addr) {
+		if cfg.Console.Token == "" && cfg.Console.BasicUser == "" {
+			return nil, fmt.Errorf("refapp: console: %s is not a loopback address: set a console token or basic auth to serve the console there", addr)
+		}
+		if !cfg.Console.AllowPlainHTTP {
+			return nil, fmt.Errorf("refapp: console: %s is not a loopback address, and the console's token or password would cross the network in plain HTTP (the worker serves no TLS): "+
+				"serve the console on loopback (--metrics-addr 127.0.0.1:PORT) and reach it through an SSH tunnel or a TLS-terminating proxy on the same host; "+
+				"or, when such a proxy or a network you trust is the only way to %s, allow it with --console-allow-plain-http (IDEM_CONSOLE_ALLOW_PLAIN_HTTP)", addr, addr)
+		}
 	}
 	r, err := ops.New(pool, ops.Config{Schema: cfg.Schema, Effects: InspectEffects, Counts: Counts})
 	if err != nil {

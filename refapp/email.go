@@ -31,9 +31,7 @@ type Email struct {
 	Body    string `json:"body"`
 }
 
-// DecodeEmail parses and validates an email payload. The recipient must be one
-// address; the subject and body may hold anything (the subject is MIME-encoded
-// when sent, so a line break in it cannot inject a header).
+// DecodeEmail parses and validates an email payload (Validate).
 func DecodeEmail(payload []byte) (Email, *netmail.Address, error) {
 	var e Email
 	dec := json.NewDecoder(bytes.NewReader(payload))
@@ -41,11 +39,29 @@ func DecodeEmail(payload []byte) (Email, *netmail.Address, error) {
 	if err := dec.Decode(&e); err != nil {
 		return e, nil, fmt.Errorf("email: decode: %w", err)
 	}
+	if err := e.Validate(); err != nil {
+		return e, nil, fmt.Errorf("email: %w", err)
+	}
 	to, err := e.Recipient()
 	if err != nil {
 		return e, nil, fmt.Errorf("email: %w", err)
 	}
 	return e, to, nil
+}
+
+// Validate is the one rule for an email, applied by the ingress (400) and by the
+// consumer (a dead letter): every field is text a Postgres text column can hold
+// (valid UTF-8, no NUL), and the recipient is one address (Recipient). The
+// subject and body may hold anything else (the subject is MIME-encoded when sent,
+// so a line break in it cannot inject a header).
+func (e Email) Validate() error {
+	for _, f := range []struct{ name, value string }{{"to", e.To}, {"subject", e.Subject}, {"body", e.Body}} {
+		if err := checkText(f.name, f.value); err != nil {
+			return err
+		}
+	}
+	_, err := e.Recipient()
+	return err
 }
 
 // Recipient is the one rule for an email's recipient, applied by the ingress (400)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
@@ -86,7 +87,7 @@ func (in *ingress) payment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := req.Validate(); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+		invalid(w, err)
 		return
 	}
 	intent, ok := in.intent(w, r)
@@ -117,8 +118,8 @@ func (in *ingress) email(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if _, err := req.Recipient(); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+	if err := req.Validate(); err != nil {
+		invalid(w, err)
 		return
 	}
 	intent, ok := in.intent(w, r)
@@ -149,6 +150,12 @@ func (in *ingress) decode(w http.ResponseWriter, r *http.Request, v any) ([]byte
 		writeError(w, http.StatusBadRequest, "invalid_request", "reading body: "+err.Error())
 		return nil, false
 	}
+	if !utf8.Valid(body) {
+		// JSON text is UTF-8 (RFC 8259). The decoder would turn the bad bytes into
+		// U+FFFD, and the message would carry them on as they are.
+		writeError(w, http.StatusBadRequest, "invalid_text", "the body is not valid UTF-8, which JSON text must be: send it as UTF-8")
+		return nil, false
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -160,6 +167,17 @@ func (in *ingress) decode(w http.ResponseWriter, r *http.Request, v any) ([]byte
 		return nil, false
 	}
 	return body, true
+}
+
+// invalid answers a request its payload's rule refuses: 400 invalid_text for text
+// no column can hold, invalid_request otherwise.
+func invalid(w http.ResponseWriter, err error) {
+	code := "invalid_request"
+	var te *textError
+	if errors.As(err, &te) {
+		code = "invalid_text"
+	}
+	writeError(w, http.StatusBadRequest, code, err.Error())
 }
 
 // intent fetches the middleware's Intent. Without it the handler was mounted

@@ -267,29 +267,40 @@ func TestIngressValidation(t *testing.T) {
 	srv, client := newServer(t, db, producer.Config{})
 	cases := []struct {
 		name, path, body, reason string
+		code                     string // default invalid_request
 	}{
-		{"unknown field", "/v1/payments", `{"account":"a","amount_cents":1,"amount":5}`, `unknown field "amount"`},
-		{"zero amount", "/v1/payments", `{"account":"a","amount_cents":0}`, "amount_cents"},
-		{"negative amount", "/v1/payments", `{"account":"a","amount_cents":-5}`, "amount_cents"},
-		{"fractional amount", "/v1/payments", `{"account":"a","amount_cents":1.5}`, "amount_cents"},
-		{"missing account", "/v1/payments", `{"amount_cents":100}`, "account"},
-		{"blank account", "/v1/payments", `{"account":"  ","amount_cents":100}`, "account"},
-		{"not JSON", "/v1/payments", `account=a`, "not a valid JSON"},
-		{"empty body", "/v1/payments", ``, "not a valid JSON"},
-		{"trailing data", "/v1/payments", `{"account":"a","amount_cents":1}{}`, "after the JSON object"},
-		{"email without @", "/v1/emails", `{"to":"nobody","subject":"s","body":"b"}`, `"to"`},
+		{"unknown field", "/v1/payments", `{"account":"a","amount_cents":1,"amount":5}`, `unknown field "amount"`, ""},
+		{"zero amount", "/v1/payments", `{"account":"a","amount_cents":0}`, "amount_cents", ""},
+		{"negative amount", "/v1/payments", `{"account":"a","amount_cents":-5}`, "amount_cents", ""},
+		{"fractional amount", "/v1/payments", `{"account":"a","amount_cents":1.5}`, "amount_cents", ""},
+		{"missing account", "/v1/payments", `{"amount_cents":100}`, "account", ""},
+		{"blank account", "/v1/payments", `{"account":"  ","amount_cents":100}`, "account", ""},
+		{"not JSON", "/v1/payments", `account=a`, "not a valid JSON", ""},
+		{"empty body", "/v1/payments", ``, "not a valid JSON", ""},
+		{"trailing data", "/v1/payments", `{"account":"a","amount_cents":1}{}`, "after the JSON object", ""},
+		{"email without @", "/v1/emails", `{"to":"nobody","subject":"s","body":"b"}`, `"to"`, ""},
 		// The consumer would dead-letter these (one address, RFC 5322): the ingress
 		// applies the same rule, so a 202 is always an email that can be sent.
-		{"email to two recipients", "/v1/emails", `{"to":"a@example.com, b@example.com","subject":"s","body":"b"}`, `"to" must be one email address`},
-		{"email to a broken address", "/v1/emails", `{"to":"a@b@c","subject":"s","body":"b"}`, `"to" must be one email address`},
-		{"email unknown field", "/v1/emails", `{"to":"a@b","cc":"c@d"}`, `unknown field "cc"`},
+		{"email to two recipients", "/v1/emails", `{"to":"a@example.com, b@example.com","subject":"s","body":"b"}`, `"to" must be one email address`, ""},
+		{"email to a broken address", "/v1/emails", `{"to":"a@b@c","subject":"s","body":"b"}`, `"to" must be one email address`, ""},
+		{"email unknown field", "/v1/emails", `{"to":"a@b","cc":"c@d"}`, `unknown field "cc"`, ""},
+		// Text a Postgres text column cannot hold is refused here, not by the INSERT
+		// with a 500 (or by the consumer, after retries).
+		{"NUL in the account", "/v1/payments", `{"account":"a\u0000","amount_cents":1}`, `"account" holds a NUL`, "invalid_text"},
+		{"invalid UTF-8", "/v1/payments", "{\"account\":\"a\xff\",\"amount_cents\":1}", "not valid UTF-8", "invalid_text"},
+		{"NUL in the subject", "/v1/emails", `{"to":"a@example.com","subject":"s\u0000","body":"b"}`, `"subject" holds a NUL`, "invalid_text"},
+		{"NUL in the email's body", "/v1/emails", `{"to":"a@example.com","subject":"s","body":"\u0000"}`, `"body" holds a NUL`, "invalid_text"},
+		{"NUL in the recipient", "/v1/emails", `{"to":"a@example.com\u0000","subject":"s","body":"b"}`, `"to" holds a NUL`, "invalid_text"},
 	}
 	for i, tc := range cases {
 		key := "bad-" + string(rune('a'+i))
 		a := post(t, client, srv.URL+tc.path, key, "", tc.body)
 		var e struct{ Error, Code string }
-		if a.status != http.StatusBadRequest || json.Unmarshal(a.body, &e) != nil || e.Code != "invalid_request" || !strings.Contains(e.Error, tc.reason) {
-			t.Errorf("%s: %d %s, want 400 invalid_request mentioning %q", tc.name, a.status, a.body, tc.reason)
+		if tc.code == "" {
+			tc.code = "invalid_request"
+		}
+		if a.status != http.StatusBadRequest || json.Unmarshal(a.body, &e) != nil || e.Code != tc.code || !strings.Contains(e.Error, tc.reason) {
+			t.Errorf("%s: %d %s, want 400 %s mentioning %q", tc.name, a.status, a.body, tc.code, tc.reason)
 		}
 		if again := post(t, client, srv.URL+tc.path, key, "", tc.body); !again.replayed || !bytes.Equal(again.body, a.body) {
 			t.Errorf("%s: retry %d %s replayed=%v, want the 400 replayed", tc.name, again.status, again.body, again.replayed)

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -126,7 +127,9 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 			// points), not its cancellation.
 			BaseContext: func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		}}
-	s.serve(s.http, ln, "http")
+	// Through the guard: net/http would run a request hidden in the body of one
+	// that carries both Content-Length and Transfer-Encoding.
+	s.serve(s.http, producer.GuardListener(ln, cfg.Logger), "http")
 	cfg.Logger.InfoContext(ctx, "http listening", "addr", ln.Addr().String())
 	if metricsLn != nil {
 		mm := http.NewServeMux()
@@ -136,7 +139,7 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 			WriteTimeout: hc.WriteTimeout, IdleTimeout: hc.IdleTimeout, MaxHeaderBytes: hc.MaxHeaderBytes,
 			ErrorLog: slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)}
 		s.metricsLn = metricsLn
-		s.serve(s.metrics, metricsLn, "metrics")
+		s.serve(s.metrics, producer.GuardListener(metricsLn, cfg.Logger), "metrics")
 		cfg.Logger.InfoContext(ctx, "metrics listening", "addr", metricsLn.Addr().String())
 	}
 	return s, nil

@@ -21,7 +21,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/reconcile"
 	"github.com/idemkit/idem/refapp"
 )
@@ -38,8 +37,6 @@ type HTTPConfig struct {
 	RateN   int
 	Timeout time.Duration
 	Log     *slog.Logger
-	// GroupCommit is the ingress's group commit (e2e-http-group); zero: off.
-	GroupCommit producer.GroupCommit
 }
 
 // httpTarget is a server under test: where to send, and when request i's effect
@@ -66,8 +63,8 @@ type httpRun struct {
 	proven    int64 // outbox rows the reconciler had proven complete when the meter stopped
 }
 
-// runHTTPScenario runs the max and the rate phase of scenario (e2e-http,
-// e2e-http-group or plain-http), each on a fresh environment.
+// runHTTPScenario runs the max and the rate phase of scenario (e2e-http or
+// plain-http), each on a fresh environment.
 func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cfg HTTPConfig) ([]Result, error) {
 	var results []Result
 	for _, phase := range []struct {
@@ -83,12 +80,6 @@ func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cf
 		}
 		r := Result{Scenario: scenario, Row: phase.row, N: phase.n, Messages: phase.n,
 			Config: map[string]any{"clients": cfg.Clients, "rate": phase.rate, "one_intent_per_request": true}}
-		if scenario == scE2EHTTPGroup {
-			r.Config["group_commit"] = cfg.GroupCommit.MaxRequests
-			r.Config["group_wait"] = cfg.GroupCommit.MaxWait.String()
-			r.Notes = append(r.Notes, fmt.Sprintf("extra row: e2e-http with the ingress's group commit on (producer.GroupCommit{MaxRequests: %d, MaxWait: %v})",
-				cfg.GroupCommit.MaxRequests, cfg.GroupCommit.MaxWait))
-		}
 		if scenario == scPlainHTTP {
 			r.Messages = 0
 		}
@@ -96,7 +87,7 @@ func runHTTPScenario(ctx context.Context, newEnv envFactory, scenario string, cf
 		r.Seconds, r.Rate = run.elapsed.Seconds(), float64(phase.n)/run.elapsed.Seconds()
 		r.P50ms, r.P99ms = ms(percentile(run.latencies, 50)), ms(percentile(run.latencies, 99))
 		r.MaxMs = ms(run.latencies[len(run.latencies)-1])
-		if scenario == scE2EHTTP || scenario == scE2EHTTPGroup {
+		if scenario == scE2EHTTP {
 			r.Notes = append(r.Notes, fmt.Sprintf("of which request sent -> response: p50 %.1f ms, p99 %.1f ms",
 				ms(percentile(run.responses, 50)), ms(percentile(run.responses, 99))))
 		}
@@ -134,8 +125,8 @@ func runHTTPPhase(ctx context.Context, env *Env, scenario, row string, n, rate i
 	var target *httpTarget
 	var err error
 	switch scenario {
-	case scE2EHTTP, scE2EHTTPGroup:
-		target, err = startRefApp(ctx, env, index, n, cfg.Log, cfg.GroupCommit)
+	case scE2EHTTP:
+		target, err = startRefApp(ctx, env, index, n, cfg.Log)
 	case scPlainHTTP:
 		target, err = startPlainHTTP(env)
 	default:
@@ -299,7 +290,7 @@ func verifyHTTP(ctx context.Context, env *Env, scenario string, n int) error {
 	if payments != n {
 		return fmt.Errorf("VERIFY FAILED: %d payments, want %d", payments, n)
 	}
-	if scenario == scE2EHTTP || scenario == scE2EHTTPGroup {
+	if scenario == scE2EHTTP {
 		if _, err := verifyExactlyOnce(ctx, env, n); err != nil {
 			return err
 		}
@@ -311,9 +302,7 @@ func verifyHTTP(ctx context.Context, env *Env, scenario string, n int) error {
 // ingress, relay, reconciler, consumers and collector — on env, and records when
 // each intent's ledger row commits (the consumer.after-commit fault point runs
 // right after the COMMIT returned).
-//
-// group is the ingress's group commit (zero: off, as the worker runs by default).
-func startRefApp(ctx context.Context, env *Env, index map[string]int, n int, log *slog.Logger, group producer.GroupCommit) (*httpTarget, error) {
+func startRefApp(ctx context.Context, env *Env, index map[string]int, n int, log *slog.Logger) (*httpTarget, error) {
 	committed := make([]atomic.Int64, n)
 	var effects atomic.Int64
 	base := time.Now()
@@ -328,7 +317,6 @@ func startRefApp(ctx context.Context, env *Env, index map[string]int, n int, log
 	}
 	svcCtx := faults.With(context.WithoutCancel(ctx), faults.New().Func(faults.ConsumerAfterCommit, record))
 	svc, err := refapp.Start(svcCtx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log,
-		Ingress: producer.Config{GroupCommit: group},
 		// A reconciler pass every second, not the default 30s, as in the e2e
 		// scenarios: a timed phase lasts seconds, and with the default it would
 		// hardly prove a row in it, leaving out a cost every intent pays.

@@ -23,8 +23,6 @@
 //	e2e-http           the reference application as `go run ./cmd/worker` runs it (ingress, relay,
 //	                   reconciler, consumer), one intent per HTTP request from keep-alive clients;
 //	                   latency is request sent -> ledger row committed
-//	e2e-http-group     e2e-http with the ingress's group commit on (producer.Config.GroupCommit,
-//	                   -group-commit requests per transaction): an extra, labelled row
 //	e2e-durability     e2e (max) twice: JetStream fsyncing every write, and JetStream at its default
 //	                   sync interval with the reconciler proving every intent settled (-sync-always
 //	                   does not apply)
@@ -44,8 +42,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/idemkit/idem/producer"
 )
 
 // Scenario names, in the order they run.
@@ -63,9 +59,6 @@ const (
 	// one plain commit per request.
 	scE2EHTTP   = "e2e-http"
 	scPlainHTTP = "plain-http"
-	// scE2EHTTPGroup is e2e-http with the ingress's group commit on
-	// (producer.Config.GroupCommit): an extra, labelled row, not the default.
-	scE2EHTTPGroup = "e2e-http-group"
 	// scWatermillHTTP is the peer: the same HTTP shape built with Watermill
 	// (watermill-sql publisher in the request transaction, its forwarder to
 	// JetStream, a router with its Deduplicator). It is a nested module
@@ -73,7 +66,7 @@ const (
 	scWatermillHTTP = "watermill-http"
 )
 
-var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scE2EOrdered, scPlainHTTP, scE2EHTTP, scE2EHTTPGroup, scWatermillHTTP, scPublishBatch}
+var allScenarios = []string{scNaive, scInbox, scConsumer, scRelay, scE2E, scE2EDup, scE2EDurability, scE2EOrdered, scPlainHTTP, scE2EHTTP, scWatermillHTTP, scPublishBatch}
 
 // Options are the command-line flags.
 type Options struct {
@@ -105,8 +98,6 @@ type Options struct {
 	HTTPClients     int // HTTP scenarios: keep-alive clients of the max phase
 	HTTPRate        int // HTTP scenarios: offered requests/s of the latency phase
 	HTTPRateN       int // HTTP scenarios: requests of the latency phase
-	GroupCommit     int // e2e-http-group: producer.GroupCommit.MaxRequests
-	GroupWait       time.Duration
 	WatermillDir    string
 
 	child string // set in a child process: the one scenario to run
@@ -141,8 +132,6 @@ func parseFlags(args []string) (Options, error) {
 	fs.IntVar(&o.HTTPClients, "http-clients", 32, "e2e-http, plain-http, watermill-http: keep-alive clients in the max phase")
 	fs.IntVar(&o.HTTPRate, "http-rate", 1000, "e2e-http, plain-http, watermill-http: offered requests/s in the latency phase")
 	fs.IntVar(&o.HTTPRateN, "http-rate-n", 10000, "e2e-http, plain-http, watermill-http: requests in the latency phase (at most -n)")
-	fs.IntVar(&o.GroupCommit, "group-commit", 8, fmt.Sprintf("e2e-http-group: requests per group transaction (producer.GroupCommit.MaxRequests, 1..%d)", producer.MaxGroupRequests))
-	fs.DurationVar(&o.GroupWait, "group-wait", 0, "e2e-http-group: how long a finished group waits for one more request before it commits (producer.GroupCommit.MaxWait)")
 	fs.StringVar(&o.WatermillDir, "watermill-dir", filepath.Join("cmd", "bench", "watermill"), "watermill-http: the peer's module directory (it is run with go run)")
 	fs.Float64Var(&o.DupDrop, "dup-drop", 0.10, "e2e-dup: fraction of committed batches whose acks are dropped")
 	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", 2*time.Second, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
@@ -165,10 +154,6 @@ func parseFlags(args []string) (Options, error) {
 		return o, errors.New("-n must be positive")
 	case o.Workers <= 0, o.BatchSize <= 0, o.Concurrency <= 0, o.RelayBatch <= 0, o.EnqueueBatch <= 0, o.Producers <= 0, o.RateBatch <= 0, o.DurabilityBatch <= 0, o.HTTPClients <= 0, o.HTTPRate <= 0, o.HTTPRateN <= 0:
 		return o, errors.New("-workers, -batch, -concurrency, -relay-batch, -enqueue-batch, -producers, -rate-batch, -durability-batch and the -http- flags must be positive")
-	case o.GroupCommit < 1 || o.GroupCommit > producer.MaxGroupRequests:
-		return o, fmt.Errorf("-group-commit must be in 1..%d", producer.MaxGroupRequests)
-	case o.GroupWait < 0:
-		return o, errors.New("-group-wait must not be negative")
 	case o.Rate <= 0:
 		return o, errors.New("-rate must be positive")
 	case o.DupDrop < 0 || o.DupDrop >= 1:

@@ -108,12 +108,6 @@ func ratiosAndTargets(rs []Result) (map[string]float64, []Target) {
 	if e, p := find(rs, scE2EHTTP+" (max)"), find(rs, scPlainHTTP+" (max)"); e != nil && p != nil {
 		ratios["e2e-http/plain-http"] = e.Rate / p.Rate
 	}
-	if g, p := find(rs, scE2EHTTPGroup+" (max)"), find(rs, scPlainHTTP+" (max)"); g != nil && p != nil {
-		ratios["e2e-http-group/plain-http"] = g.Rate / p.Rate
-	}
-	if g, e := find(rs, scE2EHTTPGroup+" (max)"), find(rs, scE2EHTTP+" (max)"); g != nil && e != nil {
-		ratios["e2e-http-group/e2e-http"] = g.Rate / e.Rate
-	}
 	if e, w := find(rs, scE2EHTTP+" (max)"), find(rs, scWatermillHTTP+" (max)"); e != nil && w != nil {
 		ratios["e2e-http/watermill-http"] = e.Rate / w.Rate
 	}
@@ -169,7 +163,7 @@ func printTable(w io.Writer, rep Report) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	for _, name := range []string{"e2e-http/plain-http", "e2e-http-group/plain-http", "e2e-http-group/e2e-http", "idem-consumer/naive", "idem-consumer/handwritten-inbox", "e2e default fsync + reconciler/fsync always",
+	for _, name := range []string{"e2e-http/plain-http", "idem-consumer/naive", "idem-consumer/handwritten-inbox", "e2e default fsync + reconciler/fsync always",
 		"e2e default fsync + reconciler/fsync always + reconciler", "e2e default fsync + reconciler/no reconciler",
 		"e2e fsync always, atomic batch publish/fsync always"} {
 		if v, ok := rep.Ratios[name]; ok {

@@ -14,8 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
-
-	"github.com/idemkit/idem/producer"
 )
 
 // envFactory makes a fresh environment; label names it in messages and profiles.
@@ -182,11 +180,8 @@ func runScenario(ctx context.Context, opts Options, name string, log *slog.Logge
 		// The product runs a reconciler beside its relay: so does the bench.
 		e2e.Pipeline.Reconcile = true
 		return runE2E(ctx, newEnv, e2e)
-	case scE2EHTTP, scPlainHTTP, scE2EHTTPGroup:
+	case scE2EHTTP, scPlainHTTP:
 		hc := HTTPConfig{N: opts.N, Clients: opts.HTTPClients, Rate: opts.HTTPRate, RateN: opts.HTTPRateN, Timeout: opts.Timeout, Log: log}
-		if name == scE2EHTTPGroup {
-			hc.GroupCommit = producer.GroupCommit{MaxRequests: opts.GroupCommit, MaxWait: opts.GroupWait}
-		}
 		return runHTTPScenario(ctx, newEnv, name, hc)
 	case scWatermillHTTP:
 		return runWatermillHTTP(ctx, opts)
@@ -259,6 +254,5 @@ func optionsMap(o Options) map[string]any {
 		"dup_ack_wait": o.DupAckWait.String(), "sync_always": o.SyncAlways, "inprocess": o.InProcess,
 		"pg_plan_cache_mode": o.PlanCache, "durability_batch": o.DurabilityBatch,
 		"http_clients": o.HTTPClients, "http_rate": o.HTTPRate, "http_rate_n": o.HTTPRateN,
-		"group_commit": o.GroupCommit, "group_wait": o.GroupWait.String(),
 	}
 }

@@ -135,9 +135,15 @@ func parseOps(name, usage string, args []string, stderr io.Writer, extra func(*f
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
+			if err := o.readSecretFiles(); err != nil {
+				return nil, nil, nil, err
+			}
 			return o, fs, positional, nil
 		}
 		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			if err := o.readSecretFiles(); err != nil {
+				return nil, nil, nil, err
+			}
 			return o, fs, append(positional, rest...), nil
 		}
 		positional = append(positional, rest[0])

@@ -43,7 +43,6 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/runenv"
 	"github.com/idemkit/idem/internal/tracelog"
-	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/refapp"
 )
 
@@ -53,33 +52,36 @@ func main() {
 
 // options are the flags shared by every subcommand.
 type options struct {
-	databaseURL     string
-	natsURL         string
-	natsAuth        runenv.NATSAuth
-	streamReplicas  string
-	httpAddr        string
-	dataDir         string
-	smtpAddr        string // deprecated: smtpURL
-	smtpURL         string
-	smtpCA          string
-	smtpFrom        string
-	schema          string
-	logFormat       string
-	logLevel        string
-	shutdownTimeout time.Duration
-	roles           string
-	trace           string
-	ackWait         time.Duration
-	reconcileAfter  string
-	groupCommit     string
-	noMigrate       bool
-	atomicPublish   bool
-	metricsAddr     string
-	console         bool
-	consoleToken    string
-	consoleUser     string
-	consolePassword string
-	version         bool
+	databaseURL      string
+	natsURL          string
+	natsAuth         runenv.NATSAuth
+	streamReplicas   string
+	httpAddr         string
+	dataDir          string
+	smtpAddr         string // deprecated: smtpURL
+	smtpURL          string
+	smtpCA           string
+	smtpFrom         string
+	schema           string
+	logFormat        string
+	logLevel         string
+	shutdownTimeout  time.Duration
+	roles            string
+	trace            string
+	ackWait          time.Duration
+	reconcileAfter   string
+	groupCommit      string
+	noMigrate        bool
+	atomicPublish    bool
+	metricsAddr      string
+	console          bool
+	consoleToken     string
+	consoleUser      string
+	consolePassword  string
+	consolePlainHTTP bool
+	version          bool
+	// The files the secrets may be read from instead (secrets.go).
+	consoleTokenFile, consolePasswordFile, natsPasswordFile string
 	// envErrs are environment fallbacks that do not parse, reported by runService.
 	envErrs []error
 }
@@ -91,6 +93,12 @@ func env(name, def string) string {
 	return def
 }
 
+// envBool reads a switch from the environment: set, and not 0 or false, is on.
+func envBool(name string) bool {
+	v := os.Getenv(name)
+	return v != "" && v != "0" && v != "false"
+}
+
 func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	o := &options{}
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -100,18 +108,21 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 	fs.StringVar(&o.natsAuth.CredsFile, "nats-creds", env("IDEM_NATS_CREDS", ""), "NATS user credentials file (JWT and seed) (env IDEM_NATS_CREDS)")
 	fs.StringVar(&o.natsAuth.NKeyFile, "nats-nkey", env("IDEM_NATS_NKEY", ""), "file holding the NATS user's nkey seed (env IDEM_NATS_NKEY)")
 	fs.StringVar(&o.natsAuth.User, "nats-user", env("IDEM_NATS_USER", ""), "NATS user, with --nats-password (env IDEM_NATS_USER)")
-	fs.StringVar(&o.natsAuth.Password, "nats-password", env("IDEM_NATS_PASSWORD", ""), "NATS password; prefer the environment variable to the flag, which other users can see (env IDEM_NATS_PASSWORD)")
+	fs.StringVar(&o.natsAuth.Password, "nats-password", env("IDEM_NATS_PASSWORD", ""), "NATS password; as a flag every user of the machine can read it: prefer the env var or --nats-password-file (env IDEM_NATS_PASSWORD)")
 	fs.StringVar(&o.natsAuth.CAFile, "nats-ca", env("IDEM_NATS_CA", ""), "PEM file of the CAs that sign the NATS server's certificate (env IDEM_NATS_CA)")
 	fs.StringVar(&o.natsAuth.CertFile, "nats-cert", env("IDEM_NATS_CERT", ""), "client certificate for NATS mutual TLS, with --nats-key (env IDEM_NATS_CERT)")
 	fs.StringVar(&o.natsAuth.KeyFile, "nats-key", env("IDEM_NATS_KEY", ""), "client key for NATS mutual TLS (env IDEM_NATS_KEY)")
 	fs.StringVar(&o.streamReplicas, "stream-replicas", env("IDEM_STREAM_REPLICAS", "1"), "replicas of the stream the worker creates (3 on a three-node JetStream cluster); an existing stream is left as it is, with a warning when it has fewer (env IDEM_STREAM_REPLICAS)")
 	fs.StringVar(&o.httpAddr, "http-addr", env("IDEM_HTTP_ADDR", "127.0.0.1:8080"), "HTTP listen address (env IDEM_HTTP_ADDR)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", env("IDEM_METRICS_ADDR", ""), "serve /metrics on this address instead of the HTTP address, e.g. 127.0.0.1:9090 (env IDEM_METRICS_ADDR)")
-	fs.BoolVar(&o.console, "console", env("IDEM_CONSOLE", "") != "" && env("IDEM_CONSOLE", "") != "0" && env("IDEM_CONSOLE", "") != "false",
+	fs.BoolVar(&o.console, "console", envBool("IDEM_CONSOLE"),
 		"serve the operator console at /console, on the listener of /metrics (env IDEM_CONSOLE)")
-	fs.StringVar(&o.consoleToken, "console-token", env("IDEM_CONSOLE_TOKEN", ""), "require this token for the console (Authorization: Bearer, or its login page); prefer the env var (env IDEM_CONSOLE_TOKEN)")
+	fs.StringVar(&o.consoleToken, "console-token", env("IDEM_CONSOLE_TOKEN", ""), "require this token for the console (Authorization: Bearer, or its login page); as a flag every user of the machine can read it: prefer the env var or --console-token-file (env IDEM_CONSOLE_TOKEN)")
 	fs.StringVar(&o.consoleUser, "console-user", env("IDEM_CONSOLE_USER", ""), "require HTTP basic auth for the console with this user (env IDEM_CONSOLE_USER)")
-	fs.StringVar(&o.consolePassword, "console-password", env("IDEM_CONSOLE_PASSWORD", ""), "the basic-auth password of --console-user; prefer the env var (env IDEM_CONSOLE_PASSWORD)")
+	fs.StringVar(&o.consolePassword, "console-password", env("IDEM_CONSOLE_PASSWORD", ""), "the basic-auth password of --console-user; as a flag every user of the machine can read it: prefer the env var or --console-password-file (env IDEM_CONSOLE_PASSWORD)")
+	fs.BoolVar(&o.consolePlainHTTP, "console-allow-plain-http", envBool("IDEM_CONSOLE_ALLOW_PLAIN_HTTP"),
+		"serve the console, with its token or password, over plain HTTP on a listener that is not loopback: only when a TLS-terminating proxy, or a network you trust, is the only way to it (env IDEM_CONSOLE_ALLOW_PLAIN_HTTP)")
+	registerSecretFiles(fs, o)
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.StringVar(&o.dataDir, "data-dir", env("IDEM_DATA_DIR", defaultDataDir()), "directory for the embedded JetStream store, the private Postgres, the worker's lock and its database record; "+
 		"the operator commands find a running worker's files there (env IDEM_DATA_DIR; default $XDG_STATE_HOME/idem, else ~/.local/state/idem, /var/lib/idem for root)")
@@ -141,8 +152,8 @@ func newFlagSet(name string, stderr io.Writer) (*flag.FlagSet, *options) {
 		o.ackWait, err = parseAckWait(v)
 		return err
 	})
-	fs.StringVar(&o.groupCommit, "group-commit", env("IDEM_GROUP_COMMIT", ""), fmt.Sprintf("group commit in the ingress: up to `N` (1..%d) concurrent requests share one transaction, a savepoint each, and one COMMIT; "+
-		"empty or 0 is off, one transaction per request (env IDEM_GROUP_COMMIT)", producer.MaxGroupRequests))
+	fs.StringVar(&o.groupCommit, "group-commit", env("IDEM_GROUP_COMMIT", ""), "removed: group commit at the ingress is gone, every request has its own transaction; "+
+		"empty or 0 is accepted, any other value is refused (env IDEM_GROUP_COMMIT)")
 	fs.BoolVar(&o.atomicPublish, "atomic-publish", env("IDEM_ATOMIC_PUBLISH", "") != "", "the relay publishes each batch as one JetStream atomic batch, one PubAck (and with fsync on every write one fsync) per batch; "+
 		"the stream the worker creates allows it; an existing stream that does not makes the relay publish message by message, with a warning; needs nats-server 2.12 or later (env IDEM_ATOMIC_PUBLISH)")
 	fs.StringVar(&o.reconcileAfter, "reconcile-after", env("IDEM_RECONCILE_AFTER", ""), "how long a published intent may stay unsettled by a consumer before the reconciler looks for it in the stream and re-drives it if lost; "+
@@ -176,17 +187,16 @@ func defaultDataDir() string {
 	return d
 }
 
-// parseGroupCommit reads --group-commit (IDEM_GROUP_COMMIT): requests per group
-// transaction, 0 (or empty) for off.
-func parseGroupCommit(v string) (int, error) {
-	if v == "" {
-		return 0, nil
+// checkGroupCommit refuses --group-commit (IDEM_GROUP_COMMIT) asking for group
+// commit, which the ingress does not have: a worker started with it must not run
+// as if it were on. Empty or 0 (off) starts.
+func checkGroupCommit(v string) error {
+	if v == "" || v == "0" {
+		return nil
 	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 || n > producer.MaxGroupRequests {
-		return 0, fmt.Errorf("--group-commit (IDEM_GROUP_COMMIT) must be a whole number from 0 (off) to %d, not %q", producer.MaxGroupRequests, v)
-	}
-	return n, nil
+	return fmt.Errorf("--group-commit (IDEM_GROUP_COMMIT) is %q, but group commit was removed from the ingress: "+
+		"it let one request's SET LOCAL and session settings leak into the next request's handler. "+
+		"Drop the flag or the variable; every request now runs in its own transaction", v)
 }
 
 // parseAckWait reads --ack-wait or IDEM_ACK_WAIT.
@@ -297,6 +307,9 @@ func parse(name string, args []string, stderr io.Writer) (*options, *flag.FlagSe
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, nil, usageError{err}
 	}
+	if err := o.readSecretFiles(); err != nil {
+		return nil, nil, nil, err
+	}
 	return o, fs, fs.Args(), nil
 }
 
@@ -315,8 +328,12 @@ func runService(args []string, stderr io.Writer) error {
 	if err != nil {
 		return usageError{err}
 	}
+	warnSecretsOnCommandLine(fs, o, log)
 	faults, err := faultsFromEnv()
 	if err != nil {
+		return err
+	}
+	if err := checkLegacyDataDir(fs, o); err != nil {
 		return err
 	}
 	cfg := refapp.Config{
@@ -326,7 +343,7 @@ func runService(args []string, stderr io.Writer) error {
 		NoMigrate:   o.noMigrate,
 		Logger:      log,
 		Console: refapp.ConsoleConfig{Enabled: o.console, Token: o.consoleToken,
-			BasicUser: o.consoleUser, BasicPassword: o.consolePassword},
+			BasicUser: o.consoleUser, BasicPassword: o.consolePassword, AllowPlainHTTP: o.consolePlainHTTP},
 	}
 	if cfg.Stream.Replicas, err = strconv.Atoi(o.streamReplicas); err != nil || cfg.Stream.Replicas < 1 {
 		return usagef("--stream-replicas (IDEM_STREAM_REPLICAS) must be a whole number of at least 1, not %q", o.streamReplicas)
@@ -352,7 +369,7 @@ func runService(args []string, stderr io.Writer) error {
 	if cfg.Reconcile.After, cfg.DisableReconciler, err = parseReconcileAfter(o.reconcileAfter); err != nil {
 		return usageError{err}
 	}
-	if cfg.Ingress.GroupCommit.MaxRequests, err = parseGroupCommit(o.groupCommit); err != nil {
+	if err := checkGroupCommit(o.groupCommit); err != nil {
 		return usageError{err}
 	}
 	cfg.Relay.AtomicPublish, cfg.Stream.AllowAtomicPublish = o.atomicPublish, o.atomicPublish
@@ -372,8 +389,6 @@ func runService(args []string, stderr io.Writer) error {
 		}
 	}()
 	cfg.TracerProvider = tp
-
-	warnLegacyDataDir(fs, o, log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -434,26 +449,31 @@ func runService(args []string, stderr io.Writer) error {
 // to the working directory, so each directory a worker ran in had its own.
 const legacyDataDir = "idem-data"
 
-// warnLegacyDataDir says so when the worker was started, with no data dir named,
-// in a directory holding an earlier version's data dir: that worker's private
-// Postgres and JetStream store are there, not in the default one used now.
-func warnLegacyDataDir(fs *flag.FlagSet, o *options, log *slog.Logger) {
+// checkLegacyDataDir refuses to start a worker with no data dir named in a
+// directory holding an earlier version's data dir. That one holds the earlier
+// worker's private Postgres and JetStream store (outbox rows not yet published,
+// the keys of requests already executed); the default one would start on an
+// empty database and stream, and the clients' retries would execute again.
+func checkLegacyDataDir(fs *flag.FlagSet, o *options) error {
 	named := os.Getenv("IDEM_DATA_DIR") != ""
 	fs.Visit(func(f *flag.Flag) { named = named || f.Name == "data-dir" })
 	if named {
-		return
+		return nil
 	}
 	fi, err := os.Stat(legacyDataDir)
 	if err != nil || !fi.IsDir() {
-		return
+		return nil
 	}
 	old, err := filepath.Abs(legacyDataDir)
 	if err != nil || old == o.dataDir {
-		return
+		return nil
 	}
-	log.Warn("the working directory holds the data dir of an earlier version (its private Postgres and JetStream store), "+
-		"but this version's default data dir is another: to keep using the old one, pass --data-dir or set IDEM_DATA_DIR",
-		"old", old, "data_dir", o.dataDir)
+	return fmt.Errorf("the working directory holds %s, the data dir of an earlier version (its private Postgres and JetStream store), "+
+		"but this version's default data dir is %s: starting there would begin on an empty database and stream, "+
+		"abandon the old outbox and execute the clients' retries again. Name the data dir: keep the old one with "+
+		"--data-dir %s (or IDEM_DATA_DIR), or, with no worker running, move it to the default (mv %s %s, when that does not exist yet); "+
+		"rename or remove %s only if its data is no longer wanted",
+		old, o.dataDir, old, old, o.dataDir, old)
 }
 
 func applyRoles(cfg *refapp.Config, roles string) error {

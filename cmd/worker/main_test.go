@@ -96,10 +96,7 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	}
 	t.Parallel()
 	db := pgtest.New(t)
-	bin := filepath.Join(t.TempDir(), "worker")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	bin := workerBinary(t)
 	const n = 5000
 	ctx := context.Background()
 	if err := refapp.Migrate(ctx, db.Pool); err != nil {
@@ -190,7 +187,6 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	if got := db.Count(t, `SELECT count(DISTINCT idempotency_key) FROM ledger_entries`); got != n {
 		t.Fatalf("distinct keys = %d, want %d", got, n)
 	}
-	_ = os.Remove(bin)
 }
 
 // The shipped binary cannot arm fault points: IDEM_FAULTS (which could switch the
@@ -231,27 +227,44 @@ func TestNoMigrateOnAnEmptyDatabase(t *testing.T) {
 	}
 }
 
-// Earlier versions kept the data dir in ./idem-data; a worker started where one is
-// left says that it now uses another, and how to keep the old one.
-func TestWarnsAboutTheDataDirOfAnEarlierVersion(t *testing.T) {
+// Earlier versions kept the data dir in ./idem-data. A worker started where one
+// is left, with no data dir named, refuses to start on the new default (an empty
+// database and stream), naming both places and the ways out; naming one starts.
+func TestRefusesToStartBesideTheDataDirOfAnEarlierVersion(t *testing.T) {
 	state := t.TempDir()
 	t.Setenv("XDG_STATE_HOME", state) // rules out t.Parallel
 	t.Setenv("IDEM_DATA_DIR", "")
-	t.Chdir(t.TempDir())
+	cwd := t.TempDir()
+	t.Chdir(cwd)
 	if err := os.Mkdir("idem-data", 0o700); err != nil {
 		t.Fatal(err)
 	}
+	old, def := filepath.Join(cwd, "idem-data"), filepath.Join(state, "idem")
 	dead := "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
 	var out, errb bytes.Buffer
-	if code := run([]string{"--database-url", dead, "--http-addr", freeAddr(t)}, &out, &errb); code == 0 {
-		t.Fatal("started without a database")
+	if code := run([]string{"--database-url", dead, "--http-addr", freeAddr(t)}, &out, &errb); code != exitError {
+		t.Fatalf("exit %d, want %d", code, exitError)
 	}
-	mustContain(t, "stderr", errb.String(), "data dir of an earlier version", "idem-data", filepath.Join(state, "idem"), "--data-dir")
+	mustContain(t, "stderr", errb.String(), "data dir of an earlier version", old, def, "--data-dir "+old, "IDEM_DATA_DIR", "mv "+old+" "+def)
+	if strings.Contains(errb.String(), "no Postgres answers") {
+		t.Errorf("went on to connect:\n%s", errb.String())
+	}
+	if _, err := os.Stat(def); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the default data dir was created (%v)", err)
+	}
 
+	for _, named := range [][]string{{"--data-dir", "idem-data"}, {"--data-dir", t.TempDir()}} {
+		errb.Reset()
+		run(append([]string{"--database-url", dead, "--http-addr", freeAddr(t)}, named...), &out, &errb)
+		if strings.Contains(errb.String(), "earlier version") || !strings.Contains(errb.String(), "no Postgres answers") {
+			t.Errorf("with %q: %s; want it to start (and fail on the database nobody runs)", named, errb.String())
+		}
+	}
+	t.Setenv("IDEM_DATA_DIR", t.TempDir())
 	errb.Reset()
-	run([]string{"--database-url", dead, "--http-addr", freeAddr(t), "--data-dir", "idem-data"}, &out, &errb)
+	run([]string{"--database-url", dead, "--http-addr", freeAddr(t)}, &out, &errb)
 	if strings.Contains(errb.String(), "earlier version") {
-		t.Errorf("warned although --data-dir was given:\n%s", errb.String())
+		t.Errorf("refused although IDEM_DATA_DIR was set:\n%s", errb.String())
 	}
 }
 

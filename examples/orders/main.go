@@ -7,6 +7,7 @@ import (
 	"context"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -65,7 +66,11 @@ func main() {
 	}
 	http.Handle("POST /orders", w.Ingress().Wrap(http.HandlerFunc(createOrder)))
 	http.Handle("GET /readyz", w.ReadyHandler())
-	go func() { log.Fatal(http.ListenAndServe(cmp.Or(os.Getenv("ADDR"), "127.0.0.1:8080"), nil)) }()
+	ln, err := net.Listen("tcp", cmp.Or(os.Getenv("ADDR"), "127.0.0.1:8080"))
+	check(err)
+	// The guard refuses a request hidden in the body of another (Content-Length and
+	// Transfer-Encoding both set), which net/http would run.
+	go func() { log.Fatal(http.Serve(producer.GuardListener(ln, nil), nil)) }()
 	select {
 	case <-ctx.Done(): // SIGINT or SIGTERM
 	case <-w.Done(): // a part of the worker failed: Stop returns why, and check exits non-zero
