@@ -13,11 +13,19 @@ import "github.com/idemkit/idem/internal/pgschema"
 const (
 	// The claim. ON CONFLICT DO NOTHING waits on a concurrent uncommitted claim of the
 	// same delivery, then skips it: exactly one transaction sees each as new.
+	//
+	// The look-up of a row from before v5 is a LATERAL … LIMIT 1, one probe of
+	// idem_inbox_before_v5 per key: as a NOT EXISTS the planner may instead scan
+	// every such row of the consumer once per claim, which right after an upgrade
+	// is most of the inbox.
 	sqlClaim = `
 INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, completed_at, expires_at)
 SELECT $1, k, m, f, 'done', now(), now() + $5::interval
 FROM unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS t(k, m, f, n)
-WHERE NOT EXISTS (SELECT 1 FROM idem_inbox l WHERE l.consumer = $1 AND l.key = t.k AND l.message = '')
+LEFT JOIN LATERAL (
+  SELECT true AS held FROM idem_inbox l WHERE l.consumer = $1 AND l.key = t.k AND l.message = '' LIMIT 1
+) AS e ON true
+WHERE e.held IS NULL
 ORDER BY n
 ON CONFLICT (consumer, key, message) DO NOTHING
 RETURNING key, message`

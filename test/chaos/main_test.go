@@ -15,10 +15,11 @@ import (
 // The binaries under test, built once per test run by TestMain. These are the
 // package's only globals.
 var (
-	workerBin  string // go build ./cmd/worker
-	enqueueBin string // go build ./cmd/enqueue
-	natsBin    string // go build github.com/nats-io/nats-server/v2 (the version pinned in go.mod)
-	buildErr   error  // why the binaries could not be built; every test reports it
+	workerBin   string // go build ./cmd/worker
+	enqueueBin  string // go build ./cmd/enqueue
+	natsBin     string // go build github.com/nats-io/nats-server/v2 (the version pinned in go.mod)
+	idworkerBin string // go build ./test/chaos/idworker (the identity cases' worker)
+	buildErr    error  // why the binaries could not be built; every test reports it
 )
 
 func TestMain(m *testing.M) {
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildBinaries builds the worker, the client and nats-server into dir, the two
+// buildBinaries builds the worker, the client, idworker and nats-server into dir, the two
 // go builds side by side. nats-server is built from the module version go.mod
 // requires, never downloaded as a binary.
 func buildBinaries(dir string) error {
@@ -61,7 +62,7 @@ func buildBinaries(dir string) error {
 		return nil
 	}
 	errs := make(chan error, 2)
-	go func() { errs <- build("./cmd/worker", "./cmd/enqueue") }()
+	go func() { errs <- build("./cmd/worker", "./cmd/enqueue", "./test/chaos/idworker") }()
 	go func() { errs <- build("github.com/nats-io/nats-server/v2") }()
 	if err := errors.Join(<-errs, <-errs); err != nil {
 		return err
@@ -69,6 +70,7 @@ func buildBinaries(dir string) error {
 	workerBin = filepath.Join(dir, "worker")
 	enqueueBin = filepath.Join(dir, "enqueue")
 	natsBin = filepath.Join(dir, "nats-server")
-	fmt.Fprintf(os.Stderr, "chaos: built worker, enqueue and nats-server in %s\n", time.Since(start).Round(100*time.Millisecond))
+	idworkerBin = filepath.Join(dir, "idworker")
+	fmt.Fprintf(os.Stderr, "chaos: built worker, enqueue, idworker and nats-server in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return nil
 }
