@@ -17,7 +17,7 @@ import (
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
-	"github.com/idemkit/idem/reconcile"
+	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // Outcomes reported to Config.Observer (Event.Outcome).

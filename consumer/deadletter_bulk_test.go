@@ -9,8 +9,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 

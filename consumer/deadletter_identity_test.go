@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 

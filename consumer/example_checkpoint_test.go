@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -337,7 +337,7 @@ func writeReply(w http.ResponseWriter, status int, body []byte, replayed bool) {
 func ExampleEffect_Checkpoint() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and an embedded JetStream.
-	env, err := idemtest.Start(ctx, idemtest.Config{})
+	env, err := testenv.Open(ctx, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -27,11 +27,9 @@ func ExampleHandler() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and the application's own,
 	// and an embedded JetStream.
-	env, err := idemtest.Start(ctx, idemtest.Config{
-		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
-			_, err := pool.Exec(ctx, `CREATE TABLE ledger (key text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL)`)
-			return err
-		},
+	env, err := testenv.Open(ctx, func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, `CREATE TABLE ledger (key text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL)`)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -20,7 +20,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 // The external tests reuse setup and bundle from consumer_test.go.

@@ -18,8 +18,8 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/tcpproxy"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/tcpproxy"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 // proxiedPool is a pool to the test's database through a TCP proxy, so one

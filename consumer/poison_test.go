@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 // decodingEffect is testenv.Effect behind a payload check, as a real handler

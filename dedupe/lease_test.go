@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedupe"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 const leaseConsumer = "emails"

@@ -2,29 +2,25 @@ package idemtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 // DefaultDatabaseURL is the Postgres server an Env creates its database on when
 // neither Config.DatabaseURL nor $DATABASE_URL is set.
-const DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+const DefaultDatabaseURL = pgtest.DefaultURL
 
 // startTimeout bounds New's call of Start: a Postgres that does not answer fails
 // the test instead of hanging it.
@@ -63,8 +59,7 @@ type Env struct {
 	// Schema is the schema of the idem_* tables ("public" by default).
 	Schema string
 
-	adminURL string
-	dbName   string
+	db       *pgtest.DB
 	storeDir string
 	nats     *embeddednats.Server
 
@@ -77,57 +72,31 @@ type Env struct {
 	skipClaim bool
 }
 
-// Start creates the Env: a database named idemtest_<random> on the configured
-// server, idem's migrations in Config.Schema, Config.Migrate, and a JetStream
-// server on a random loopback port with its store in a temporary directory. It
-// takes no testing.T, so TestMain and Example functions can use it; call Close when
-// done. On error nothing is left behind.
+// Start creates the Env: a database named idem_t_<random> on the configured server
+// (the test kit's one throwaway-database helper), idem's migrations in
+// Config.Schema, Config.Migrate, and a JetStream server on a random loopback port
+// with its store in a temporary directory. It takes no testing.T, so TestMain and
+// Example functions can use it; call Close when done. On error nothing is left
+// behind.
 func Start(ctx context.Context, cfg Config) (*Env, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("idemtest: Config.Schema: %w", err)
 	}
-	admin := cfg.DatabaseURL
-	if admin == "" {
-		admin = os.Getenv("DATABASE_URL")
-	}
-	if admin == "" {
-		admin = DefaultDatabaseURL
-	}
-	u, err := url.Parse(admin)
-	if err != nil {
-		return nil, fmt.Errorf("idemtest: database URL: %w", err)
-	}
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return nil, fmt.Errorf("idemtest: random database name: %w", err)
-	}
-	e := &Env{Schema: pgschema.Name(cfg.Schema), adminURL: admin, dbName: "idemtest_" + hex.EncodeToString(b[:])}
-	if err := e.start(ctx, cfg, u); err != nil {
+	e := &Env{Schema: pgschema.Name(cfg.Schema)}
+	if err := e.start(ctx, cfg); err != nil {
 		return nil, errors.Join(err, e.Close())
 	}
 	return e, nil
 }
 
-func (e *Env) start(ctx context.Context, cfg Config, u *url.URL) error {
-	if err := adminExec(ctx, e.adminURL, "CREATE DATABASE "+e.dbName); err != nil {
-		e.dbName = "" // nothing to drop
-		return fmt.Errorf("idemtest: create database on %s (is Postgres running?): %w", u.Redacted(), err)
-	}
-	u.Path = "/" + e.dbName
-	e.DatabaseURL = u.String()
-	pcfg, err := pgxpool.ParseConfig(e.DatabaseURL)
+func (e *Env) start(ctx context.Context, cfg Config) error {
+	// The consumer's batches, its dead letters, Effects and the user's Migrate share
+	// the pool; the default (4 on a small machine) would make them queue.
+	db, err := pgtest.Create(ctx, pgtest.Options{AdminURL: cfg.DatabaseURL, Schema: cfg.Schema, MaxConns: 8})
 	if err != nil {
 		return fmt.Errorf("idemtest: %w", err)
 	}
-	// The consumer's batches, its dead letters, Effects and the user's Migrate share
-	// the pool; the default (4 on a small machine) would make them queue.
-	pcfg.MaxConns = 8
-	if e.Pool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-		return fmt.Errorf("idemtest: open pool: %w", err)
-	}
-	if _, err := migrations.Apply(ctx, e.Pool, migrations.Config{Schema: cfg.Schema}); err != nil {
-		return fmt.Errorf("idemtest: migrate idem's tables: %w", err)
-	}
+	e.db, e.Pool, e.DatabaseURL = db, db.Pool, db.URL
 	if cfg.Migrate != nil {
 		if err := cfg.Migrate(ctx, e.Pool); err != nil {
 			return fmt.Errorf("idemtest: Config.Migrate: %w", err)
@@ -185,14 +154,9 @@ func (e *Env) Close() error {
 				errs = append(errs, fmt.Errorf("remove JetStream store: %w", err))
 			}
 		}
-		if e.Pool != nil {
-			e.Pool.Close()
-		}
-		if e.dbName != "" {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if err := adminExec(ctx, e.adminURL, "DROP DATABASE IF EXISTS "+e.dbName+" WITH (FORCE)"); err != nil {
-				errs = append(errs, fmt.Errorf("drop database %s: %w", e.dbName, err))
+		if e.db != nil {
+			if err := e.db.Drop(); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if err := errors.Join(errs...); err != nil {
@@ -200,16 +164,4 @@ func (e *Env) Close() error {
 		}
 	})
 	return e.closeErr
-}
-
-// adminExec runs one statement on its own connection to the server: CREATE and DROP
-// DATABASE cannot run inside the pool's database, nor in a transaction.
-func adminExec(ctx context.Context, url, sql string) error {
-	c, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer c.Close(context.WithoutCancel(ctx))
-	_, err = c.Exec(ctx, sql)
-	return err
 }

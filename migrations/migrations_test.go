@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/migrations"
 )
 

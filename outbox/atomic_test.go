@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 

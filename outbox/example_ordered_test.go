@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -19,7 +19,7 @@ import (
 // applies them in that order.
 func ExamplePartition() {
 	ctx := context.Background()
-	env, err := idemtest.Start(ctx, idemtest.Config{})
+	env, err := testenv.Open(ctx, nil)
 	if err != nil {
 		log.Fatal(err)
 	}

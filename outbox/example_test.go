@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -22,11 +22,9 @@ func ExampleOutbox_Enqueue() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and the application's own,
 	// and an embedded JetStream.
-	env, err := idemtest.Start(ctx, idemtest.Config{
-		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
-			_, err := pool.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, total_cents bigint NOT NULL)`)
-			return err
-		},
+	env, err := testenv.Open(ctx, func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, `CREATE TABLE orders (id bigint PRIMARY KEY, total_cents bigint NOT NULL)`)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)

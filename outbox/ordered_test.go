@@ -10,15 +10,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -350,22 +349,30 @@ func TestOrderedRelaysDoNotShareAPartition(t *testing.T) {
 }
 
 // Partition is the hash nats-server's subject mapping uses for
-// {{partition(n,1)}}: the same key lands in the same partition either way.
+// {{partition(n,1)}}: the same key lands in the same partition either way. The
+// server's mapping is read back from a stream that transforms what it stores.
 func TestPartitionMatchesTheServersMapping(t *testing.T) {
 	t.Parallel()
-	const n = 7
-	tr, err := server.NewSubjectTransform("orders.*", fmt.Sprintf("orders.{{partition(%d,1)}}", n))
+	const n, keys = 7, 300
+	ctx := context.Background()
+	env := testenv.New(t)
+	st, err := env.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "PART", Subjects: []string{"orders.*"},
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: "orders.*", Destination: fmt.Sprintf("orders.{{partition(%d,1)}}", n)}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 500 {
-		key := fmt.Sprintf("order_%d", i)
-		want, err := tr.Match("orders." + key)
+	for i := range keys {
+		if _, err := env.JS.Publish(ctx, fmt.Sprintf("orders.order_%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range keys {
+		m, err := st.GetMsg(ctx, uint64(i+1))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := outbox.Partition("orders", key, n); got != want {
-			t.Fatalf("Partition(%s) = %s, the server maps it to %s", key, got, want)
+		if got := outbox.Partition("orders", fmt.Sprintf("order_%d", i), n); got != m.Subject {
+			t.Fatalf("Partition(order_%d) = %s, the server maps it to %s", i, got, m.Subject)
 		}
 	}
 	if got := outbox.PartitionSubjects("orders", 3); !slices.Equal(got, []string{"orders.0", "orders.1", "orders.2"}) {

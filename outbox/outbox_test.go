@@ -11,8 +11,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/natstest"
+	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/outbox"
 
 	"github.com/nats-io/nats.go"

@@ -3,45 +3,40 @@ package outbox_test
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/testkit/natstest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/reconcile"
 )
 
 // smallBroker is a real JetStream server whose max_payload is small, so tests can
 // make messages it refuses without megabytes of data, and the test stream on it.
 type smallBroker struct {
-	db   *pgtest.DB
-	srv  *server.Server
-	opts *server.Options
-	nc   *nats.Conn
-	js   jetstream.JetStream
+	db  *pgtest.DB
+	srv *natstest.Server
+	nc  *nats.Conn
+	js  jetstream.JetStream
 }
 
 const smallMaxPayload = 4096
 
 func newSmallBroker(t *testing.T) *smallBroker {
 	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		MaxPayload: smallMaxPayload, NoLog: true, NoSigs: true}
-	srv := startServer(t, opts)
-	opts.Port = srv.Addr().(*net.TCPAddr).Port // a restart comes back where the clients look
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	srv := natstest.StartWith(t, natstest.Options{MaxPayload: smallMaxPayload})
+	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,21 +48,7 @@ func newSmallBroker(t *testing.T) *smallBroker {
 	if _, err := outbox.EnsureStream(context.Background(), js, outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}); err != nil {
 		t.Fatal(err)
 	}
-	return &smallBroker{db: pgtest.New(t), srv: srv, opts: opts, nc: nc, js: js}
-}
-
-func startServer(t *testing.T, opts *server.Options) *server.Server {
-	t.Helper()
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(srv.Shutdown)
-	return srv
+	return &smallBroker{db: pgtest.New(t), srv: srv, nc: nc, js: js}
 }
 
 func (b *smallBroker) relay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
@@ -239,15 +220,14 @@ func TestRelayChargesNothingWhileTheBrokerIsDown(t *testing.T) {
 	b := newSmallBroker(t)
 	b.insertRaw(t, 3, "k-", "test.x", 10)
 	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, PublishTimeout: 300 * time.Millisecond, MaxAttempts: 1})
-	b.srv.Shutdown()
-	b.srv.WaitForShutdown()
+	b.srv.Stop()
 	if _, err := r.Drain(context.Background()); !errors.Is(err, outbox.ErrBrokerDown) {
 		t.Fatalf("Drain with the broker down = %v, want ErrBrokerDown", err)
 	}
 	if n := b.db.Count(t, `SELECT count(*) FROM idem_outbox WHERE attempts = 0 AND published_at IS NULL AND dead_lettered_at IS NULL`); n != 3 {
 		t.Fatalf("rows untouched = %d, want 3 (MaxAttempts is 1: one charge would dead-letter them)", n)
 	}
-	b.srv = startServer(t, b.opts) // same port, same store
+	b.srv.Restart(t) // same port, same store
 	testenv.Eventually(t, 30*time.Second, "the rows published once the broker is back", func() bool {
 		_, err := r.Drain(context.Background())
 		return err == nil && b.db.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL`) == 3
@@ -312,13 +292,12 @@ func TestRelayChargesNothingForAConnectionThatDropped(t *testing.T) {
 	b := newSmallBroker(t)
 	b.insertRaw(t, 3, "k-", "test.x", 10)
 	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, PublishTimeout: 2 * time.Second, MaxAttempts: 1})
-	b.srv.Shutdown()
-	b.srv.WaitForShutdown()
+	b.srv.Stop()
 	testenv.Eventually(t, 10*time.Second, "the client to notice", func() bool { return b.nc.Status() != nats.CONNECTED })
 	// After the publishes failed and before the relay judges them, the broker
 	// comes back and the client reconnects.
 	back := faults.New().Func(faults.RelayAfterPublish, func(context.Context, []string) error {
-		b.srv = startServer(t, b.opts)
+		b.srv.Restart(t)
 		testenv.Eventually(t, 10*time.Second, "the client to reconnect", func() bool { return b.nc.Status() == nats.CONNECTED })
 		return nil
 	})

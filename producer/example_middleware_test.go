@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 )
@@ -26,13 +26,11 @@ func ExampleMiddleware() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and the application's own
 	// (and an embedded JetStream, unused here: the relay would publish the outbox).
-	env, err := idemtest.Start(ctx, idemtest.Config{
-		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
-			_, err := pool.Exec(ctx, `CREATE TABLE payments (
-				id bigserial PRIMARY KEY, scope text NOT NULL, idempotency_key text NOT NULL,
-				account text NOT NULL, amount_cents bigint NOT NULL)`)
-			return err
-		},
+	env, err := testenv.Open(ctx, func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, `CREATE TABLE payments (
+			id bigserial PRIMARY KEY, scope text NOT NULL, idempotency_key text NOT NULL,
+			account text NOT NULL, amount_cents bigint NOT NULL)`)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)

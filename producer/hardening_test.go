@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/producer"
 )
 

@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 )

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/natstest"
+	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )

@@ -14,7 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
 

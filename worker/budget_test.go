@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/worker"
 )
 

@@ -10,11 +10,11 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/partition"
 	"github.com/idemkit/idem/producer"
-	"github.com/idemkit/idem/reconcile"
 )
 
 // DefaultClientResendHorizon is how long idem's client keeps re-sending a pending

@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
@@ -28,10 +28,10 @@ import (
 func Example() {
 	ctx := context.Background()
 	// A throwaway database with the service's own tables, and an embedded JetStream.
-	env, err := idemtest.Start(ctx, idemtest.Config{Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+	env, err := testenv.Open(ctx, func(ctx context.Context, pool *pgxpool.Pool) error {
 		_, err := pool.Exec(ctx, `CREATE TABLE orders (key text, item text); CREATE TABLE shipments (key text, item text)`)
 		return err
-	}})
+	})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )

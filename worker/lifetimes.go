@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/dedupe"
-	"github.com/idemkit/idem/reconcile"
+	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // Lifetime is one set of windows the lifetime invariant compares, and what they

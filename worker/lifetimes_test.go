@@ -14,8 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem/internal/testenv"
-	"github.com/idemkit/idem/reconcile"
+	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/worker"
 )
 

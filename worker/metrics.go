@@ -9,10 +9,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/buildinfo"
-	"github.com/idemkit/idem/ops"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
-	"github.com/idemkit/idem/reconcile"
 )
 
 // metrics are the worker's Prometheus instruments, all prefixed idem_. They are fed

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/partition"
 )
 
 // Outcome of the collector's events (Component idem.ComponentCollector, Name the

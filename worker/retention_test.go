@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/partition"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/partition"
 	"github.com/idemkit/idem/worker"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/reconcile"
 )
 
 // checkStream judges the real stream's configuration against what the worker needs,

@@ -14,10 +14,10 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
-	"github.com/idemkit/idem/reconcile"
 )
 
 // headerReserve is what the ingress's default body limit leaves for the headers the

@@ -24,9 +24,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/tcpproxy"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/tcpproxy"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // BaselineConfig configures the naive and handwritten-inbox scenarios.

@@ -17,8 +17,8 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/reconcile"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // Table rows of the e2e scenario.

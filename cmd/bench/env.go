@@ -22,7 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // EnvConfig configures one scenario's environment.

@@ -21,8 +21,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/reconcile"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // HTTPConfig configures the scenarios that go through a real HTTP server, one

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // ConsumerConfig configures the idem-consumer scenario.

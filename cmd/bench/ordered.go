@@ -22,7 +22,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 const scE2EOrdered = "e2e-ordered"

@@ -44,7 +44,7 @@ import (
 
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/migrations"
-	"github.com/idemkit/idem/partition"
+	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/worker"
 )
 

@@ -24,7 +24,7 @@ import (
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 func openPool(ctx context.Context, o *options) (*pgxpool.Pool, error) {

@@ -14,7 +14,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // Exit codes, part of the CLI's contract (see usage).

@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/runenv"
-	"github.com/idemkit/idem/reconcile"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 const consumersUsage = `usage: worker consumers rename OLD NEW [--force] [flags]

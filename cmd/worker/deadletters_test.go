@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgtest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 // cliDeadLetter files a dead letter createdAgo ago with its replay horizon at

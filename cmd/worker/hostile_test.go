@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 // rawExchange writes stream on a fresh connection to addr and reads until the

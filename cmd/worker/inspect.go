@@ -20,11 +20,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgembed"
+	"github.com/idemkit/idem/internal/app/pgembed"
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/internal/runenv"
-	"github.com/idemkit/idem/ops"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // opsTimeout bounds an operator command: it reads, and should never hang a shell.

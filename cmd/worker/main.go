@@ -41,9 +41,9 @@ import (
 
 	"github.com/idemkit/idem/internal/buildinfo"
 	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/runenv"
-	"github.com/idemkit/idem/internal/tracelog"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/app/tracelog"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 func main() {

@@ -29,12 +29,12 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/natstest"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/runenv"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/natstest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 func TestUsageAndBadFlags(t *testing.T) {

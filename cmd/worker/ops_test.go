@@ -20,15 +20,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/pgembed"
+	"github.com/idemkit/idem/internal/app/pgembed"
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/runenv"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
-	"github.com/idemkit/idem/ops"
+	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // opsDB is a test database with idem's tables in schema and the reference
@@ -374,7 +374,7 @@ func TestStatsShowsConsumerLag(t *testing.T) {
 	out, _, _ = worker(t, "stats", "--database-url", env.DB.URL, "--nats-url", env.NATS.URL())
 	mustContain(t, "stats", out, "jetstream "+embeddednats.Redact(env.NATS.URL()), "stream IDEM: 3 messages", refapp.ChargeConsumer, refapp.SubjectCharge,
 		"lag", "rate", "0.0/s", "lag: messages not yet finished (pending + ack pending); rate: deliveries finished per second over the last 1")
-	if token := env.NATS.Config().Token; strings.Contains(out, token) {
+	if token := env.NATS.Options().Token; strings.Contains(out, token) {
 		t.Errorf("stats shows the server's token:\n%s", out)
 	}
 

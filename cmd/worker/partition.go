@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/partition"
+	"github.com/idemkit/idem/internal/partition"
 )
 
 const partitionUsage = `usage: worker partition [--convert] [--json] [flags]

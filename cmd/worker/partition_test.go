@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/idemkit/idem/partition"
+	"github.com/idemkit/idem/internal/partition"
 )
 
 // `worker partition` reports plain tables until --convert partitions them, and

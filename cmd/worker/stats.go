@@ -20,9 +20,9 @@ import (
 
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/internal/runenv"
-	"github.com/idemkit/idem/ops"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 const statsUsage = `usage: worker stats [flags]

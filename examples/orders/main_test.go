@@ -18,9 +18,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/natstest"
-	"github.com/idemkit/idem/internal/pgtest"
-	"github.com/idemkit/idem/internal/testenv"
+	"github.com/idemkit/idem/internal/testkit/natstest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 

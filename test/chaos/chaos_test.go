@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/smtptest"
+	"github.com/idemkit/idem/internal/testkit/smtptest"
 )
 
 // TestChaos runs intents through the real client, ingress, outbox, relay, JetStream

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
-	"github.com/idemkit/idem/reconcile"
+	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // The five cases of a delivery's identity: what names a delivery (installation,

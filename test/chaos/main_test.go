@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/internal/testkit/natstest"
 )
 
 // The binaries under test, built once per test run by TestMain. These are the
@@ -17,7 +19,7 @@ import (
 var (
 	workerBin   string // go build ./cmd/worker
 	enqueueBin  string // go build ./cmd/enqueue
-	natsBin     string // go build github.com/nats-io/nats-server/v2 (the version pinned in go.mod)
+	natsBin     string // the test kit's nats-server (internal/testkit/natstest.Binary)
 	idworkerBin string // go build ./test/chaos/idworker (the identity cases' worker)
 	buildErr    error  // why the binaries could not be built; every test reports it
 )
@@ -38,9 +40,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildBinaries builds the worker, the client, idworker and nats-server into dir, the two
-// go builds side by side. nats-server is built from the module version go.mod
-// requires, never downloaded as a binary.
+// buildBinaries builds the worker, the client and idworker into dir, beside the
+// test kit's nats-server (built from source at the version it pins, never
+// downloaded as a binary).
 func buildBinaries(dir string) error {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -63,13 +65,16 @@ func buildBinaries(dir string) error {
 	}
 	errs := make(chan error, 2)
 	go func() { errs <- build("./cmd/worker", "./cmd/enqueue", "./test/chaos/idworker") }()
-	go func() { errs <- build("github.com/nats-io/nats-server/v2") }()
+	go func() {
+		var err error
+		natsBin, err = natstest.Binary() // the test kit's, at the version it pins
+		errs <- err
+	}()
 	if err := errors.Join(<-errs, <-errs); err != nil {
 		return err
 	}
 	workerBin = filepath.Join(dir, "worker")
 	enqueueBin = filepath.Join(dir, "enqueue")
-	natsBin = filepath.Join(dir, "nats-server")
 	idworkerBin = filepath.Join(dir, "idworker")
 	fmt.Fprintf(os.Stderr, "chaos: built worker, enqueue, idworker and nats-server in %s\n", time.Since(start).Round(100*time.Millisecond))
 	return nil

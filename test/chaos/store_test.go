@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // TestChaosStoreLoss runs intents with JetStream at its default sync interval

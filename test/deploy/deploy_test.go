@@ -24,9 +24,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/refapptest"
-	"github.com/idemkit/idem/internal/testenv"
-	"github.com/idemkit/idem/refapp"
+	"github.com/idemkit/idem/internal/app/refapptest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
+	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // The files under test, relative to this directory.
@@ -503,11 +503,12 @@ func TestComposeImagesPinnedPortsLocal(t *testing.T) {
 			t.Errorf("%s: image %s is not pinned to a release (want major.minor at least)", composeFile, ref)
 		}
 	}
-	// The NATS server in the tests is the nats-server module of go.mod.
-	gomod := read(t, filepath.Join("..", "..", "go.mod"))
+	// The NATS server in the tests is the one the test kit pins (and the
+	// reference binary embeds).
+	gomod := read(t, filepath.Join("..", "..", "internal", "testkit", "natsserver", "go.mod"))
 	v := regexp.MustCompile(`github\.com/nats-io/nats-server/v2 v(\S+)`).FindStringSubmatch(gomod)
 	if v == nil {
-		t.Fatal("go.mod: no nats-server")
+		t.Fatal("internal/testkit/natsserver/go.mod: no nats-server")
 	}
 	if want := "image: nats:" + v[1] + "-alpine"; !strings.Contains(compose, want) {
 		t.Errorf("%s: want %q, the nats-server the tests embed", composeFile, want)

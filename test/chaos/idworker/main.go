@@ -41,7 +41,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/reconcile"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/worker"
 )
 

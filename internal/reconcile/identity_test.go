@@ -1,0 +1,343 @@
+package reconcile_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
+	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/internal/reconcile"
+)
+
+// enqueue writes msgs in one transaction and relays them.
+func (b *bundle) enqueue(t *testing.T, msgs ...idem.Message) {
+	t.Helper()
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, b.env.DB.Pool, func(tx pgx.Tx) error { return b.ob.Enqueue(ctx, tx, msgs...) }); err != nil {
+		t.Fatal(err)
+	}
+	b.drain(t)
+}
+
+// One intent that sends two messages read by one consumer gets two effects: on two
+// subjects (a consumer of "test.>"), and on one subject under two names. The
+// reconciler proves each message by its own settlement. The same message again
+// with another payload is still the producer bug it always was.
+func TestTwoMessagesOfOneIntentAreTwoDeliveries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.consumer(t, "audit", "test.>")
+	b.enqueue(t,
+		idem.Message{Key: "order-1", Subject: "test.orders.created", Payload: []byte(`{"step":"created"}`)},
+		idem.Message{Key: "order-1", Subject: "test.orders.paid", Payload: []byte(`{"step":"paid"}`)},
+		idem.Message{Key: "order-2", Subject: "test.orders.line", Name: "line-1", Payload: []byte(`{"line":1}`)},
+		idem.Message{Key: "order-2", Subject: "test.orders.line", Name: "line-2", Payload: []byte(`{"line":2}`)},
+	)
+	testenv.Eventually(t, 10*time.Second, "audit drained", b.env.Drained(t, "audit"))
+	for _, k := range []string{"order-1", "order-2"} {
+		if got := b.env.Effects(t, k); got != 2 {
+			t.Errorf("effects of %s = %d, want 2: one per message", k, got)
+		}
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters`); n != 0 {
+		t.Errorf("dead letters = %d, want none", n)
+	}
+	b.passUntil(t, "the four messages proven", func(r reconcile.Report) bool { return r.Completed == 4 })
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'audit' AND message = 'test.orders.line line-2'`); n != 1 {
+		t.Errorf("inbox rows of the named message = %d, want 1", n)
+	}
+
+	// line-1 again, with another payload: one message, two payloads. (Under a Msg-Id
+	// generation of its own, or the broker's duplicate window would fold it.)
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, b.env.DB.Pool, func(tx pgx.Tx) error {
+		return b.ob.Republish(ctx, tx, "bug", "", idem.Message{Key: "order-2", Subject: "test.orders.line", Name: "line-1", Payload: []byte(`{"line":"changed"}`)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	b.drain(t)
+	testenv.Eventually(t, 10*time.Second, "the changed copy dead-lettered", func() bool {
+		return b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = 'audit' AND key = 'order-2'
+			AND message = 'test.orders.line line-1' AND reason LIKE 'fingerprint mismatch%'`) == 1
+	})
+	if got := b.env.Effects(t, "order-2"); got != 2 {
+		t.Errorf("effects of order-2 after the changed copy = %d, want 2", got)
+	}
+}
+
+// A re-drive is addressed to the consumers still missing the intent: one that
+// settled it acks the copy without an effect, even once its inbox has forgotten the
+// key (here: its row deleted after the re-drive was decided, as the collector
+// would delete it at its key lifetime).
+func TestRedriveReachesOnlyTheMissingConsumers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	skipped := &testenv.Outcomes{}
+	b.consumer(t, "settled", testenv.Subject, func(c *consumer.Config) { c.Observer = skipped.Observe })
+	b.register(t, "missing", testenv.Subject)
+	b.publish(t, testenv.Subject, "k-1")
+	testenv.Eventually(t, 10*time.Second, "settled settles", func() bool { return b.env.Effects(t, "k-1") == 1 })
+	if err := b.streamHandle(t).Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if rep := b.pass(t); rep.Redriven != 1 {
+		t.Fatalf("report = %+v; want the lost row re-driven", rep)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE headers->>'Idem-Replay-For' = 'missing'`); n != 1 {
+		t.Fatalf("re-driven rows addressed to missing only = %d, want 1", n)
+	}
+	b.env.DB.Count(t, `WITH d AS (DELETE FROM idem_inbox WHERE consumer = 'settled' RETURNING 1) SELECT count(*) FROM d`)
+	b.drain(t)
+	testenv.Eventually(t, 10*time.Second, "settled skips the copy", func() bool { return skipped.Get(consumer.OutcomeSkipped) == 1 })
+	b.consumer(t, "missing", testenv.Subject)
+	b.passUntil(t, "complete", func(r reconcile.Report) bool { return r.Completed == 1 })
+	if got := b.env.Effects(t, "k-1"); got != 2 {
+		t.Errorf("effects = %d, want 2: settled's first and missing's", got)
+	}
+}
+
+// Re-driving stops once a copy could outlive the key of any consumer that reads the
+// row — a settled one's included, and one with a shorter key lifetime than the
+// missing one's — and an inbox row past its expiry proves nothing.
+func TestRedriveNeverOutlivesAKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.consumer(t, "short", testenv.Subject) // default key lifetime, 72h
+	b.consumer(t, "long", "test.long", func(c *consumer.Config) { c.KeyLifetime = 400 * time.Hour })
+	b.env.DB.Count(t, `WITH u AS (UPDATE idem_consumers SET filter_subject = 'test.effects' WHERE name = 'long' RETURNING 1) SELECT count(*) FROM u`)
+	b.publish(t, testenv.Subject, "k-1")
+	testenv.Eventually(t, 10*time.Second, "short settles", func() bool { return b.env.Effects(t, "k-1") == 1 })
+	if err := b.streamHandle(t).Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// 60h old: long's own lifetime would allow a re-drive, but a copy kept for the
+	// stream's MaxAge (24h) would outlive short's key (72h, from ~0h).
+	b.env.DB.Count(t, `WITH u AS (UPDATE idem_outbox SET created_at = now() - interval '60 hours' RETURNING 1) SELECT count(*) FROM u`)
+	if rep := b.pass(t); rep.Redriven != 0 || rep.Alerted != 1 {
+		t.Fatalf("report = %+v; want alerted, not re-driven", rep)
+	}
+
+	// An expired inbox row is no settlement.
+	b.publish(t, testenv.Subject, "k-2")
+	testenv.Eventually(t, 10*time.Second, "short settles k-2", func() bool { return b.env.Effects(t, "k-2") == 1 })
+	b.env.DB.Count(t, `WITH u AS (UPDATE idem_inbox SET expires_at = now() - interval '1 second' WHERE key = 'k-2' RETURNING 1) SELECT count(*) FROM u`)
+	b.env.DB.Count(t, `WITH u AS (INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+		VALUES ('long', 'k-2', 'test.effects', '\x00', 'done', now() + interval '1 hour') RETURNING 1) SELECT count(*) FROM u`)
+	if rep := b.pass(t); rep.Completed != 0 {
+		t.Fatalf("report = %+v; want k-2 not complete: short's row has expired", rep)
+	}
+}
+
+// A dead-letter replay is proven by what happened after it: the dead letter it
+// replays proves nothing about it, so a replay the stream lost is re-driven; and it
+// starts with a fresh attempt count.
+func TestLostReplayIsRedriven(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	var broken atomic.Bool
+	broken.Store(true)
+	handler := func(c *consumer.Config) {
+		c.BatchHandler = nil
+		c.MaxDeliver = 2
+		c.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
+			if broken.Load() {
+				return nil, errors.New("bug in handler")
+			}
+			res, err := testenv.Effect{}.HandleBatch(ctx, tx, []*consumer.Delivery{d})
+			if err != nil {
+				return nil, err
+			}
+			return res[0], nil
+		})
+	}
+	stop := b.consumer(t, "c", testenv.Subject, handler)
+	b.publish(t, testenv.Subject, "k-1")
+	testenv.Eventually(t, 20*time.Second, "dead-lettered", func() bool {
+		return b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = 'c'`) == 1
+	})
+	b.passUntil(t, "the original proven by its dead letter", func(r reconcile.Report) bool { return r.Completed == 1 })
+	stop()
+	broken.Store(false)
+
+	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := dls.List(context.Background(), 1)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("dead letters = %v, %v", list, err)
+	}
+	if _, err := dls.ReplayID(context.Background(), list[0].ID, consumer.ReplayOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_attempts WHERE consumer = 'c'`); n != 0 {
+		t.Errorf("attempt counts left after the replay = %d, want none: a replay starts afresh", n)
+	}
+	b.drain(t)
+	if err := b.streamHandle(t).Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rep := b.pass(t)
+	if rep.Completed != 0 || rep.Redriven != 1 {
+		t.Fatalf("report = %+v; want the lost replay re-driven, not completed by the old dead letter", rep)
+	}
+	b.consumer(t, "c", testenv.Subject, handler)
+	b.passUntil(t, "the replay proven", func(r reconcile.Report) bool { return r.Completed == 1 })
+	if got := b.env.Effects(t, "k-1"); got != 1 {
+		t.Errorf("effects = %d, want 1", got)
+	}
+}
+
+// A durable consumer belongs to the installation that created it. Another
+// installation (another database) with the same consumer name on the same stream
+// is refused, naming both; and a reconciler never takes another installation's
+// acks for a loss. Moving a durable on purpose: delete it, and the new
+// installation creates it again.
+func TestADurableBelongsToOneInstallation(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	stopFirst := b.consumer(t, "shared", testenv.Subject)
+
+	other := pgtest.New(t)
+	cfg := testenv.ConsumerConfig("shared")
+	c, err := consumer.New(other.Pool, b.env.JS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = c.Run(ctx)
+	if !errors.Is(err, consumer.ErrForeignDurable) || !strings.Contains(err.Error(), "/"+b.env.DB.Name+"/public") || !strings.Contains(err.Error(), "/"+other.Name+"/public") {
+		t.Fatalf("Run in another installation = %v; want ErrForeignDurable naming both installations", err)
+	}
+
+	// The other installation's reconciler sees the first's durable ack past its
+	// row (the first consumed it): not a loss of its own.
+	otherRelay, err := outbox.NewRelay(other.Pool, b.env.JS, outbox.RelayConfig{Stream: testenv.Stream, AwaitProof: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherRec, err := reconcile.New(other.Pool, b.env.JS, reconcile.Config{Stream: testenv.Stream, After: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reconcile.Register(context.Background(), other.Pool, "", reconcile.Consumer{Name: "shared", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: 72 * time.Hour}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(context.Background(), other.Pool, func(tx pgx.Tx) error {
+		return b.ob.Enqueue(context.Background(), tx, idem.Message{Key: "k-other", Subject: testenv.Subject, Payload: []byte(`{}`)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherRelay.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the first installation consumes it", func() bool { return b.env.Effects(t, "k-other") == 1 })
+	testenv.Eventually(t, 10*time.Second, "acked", b.env.Drained(t, "shared"))
+	rep, err := otherRec.Pass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Redriven != 0 || rep.Lagging != 1 {
+		t.Fatalf("the other installation's reconciler: %+v; want lagging, not re-driven on the first's acks", rep)
+	}
+
+	// The deliberate move: the first installation stops, its durable is deleted,
+	// the other creates it again.
+	stopFirst()
+	if err := b.env.JS.DeleteConsumer(context.Background(), testenv.Stream, "shared"); err != nil {
+		t.Fatal(err)
+	}
+	stop := testenv.Go(t, "consumer shared (moved)", c.Run)
+	defer stop()
+	testenv.Eventually(t, 10*time.Second, "the moved consumer binds the durable", func() bool {
+		jc, err := b.env.JS.Consumer(context.Background(), testenv.Stream, "shared")
+		return err == nil && strings.HasSuffix(jc.CachedInfo().Config.Metadata["idem.installation"], "/"+other.Name+"/public")
+	})
+}
+
+// Where a consumer new to the installation starts: by default it backfills what
+// the stream holds; StartNew reads only what is published after it registered, and
+// the reconciler does not wait for it on older intents.
+func TestWhereANewConsumerStarts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.consumer(t, "first", testenv.Subject)
+	b.publish(t, testenv.Subject, "k-old")
+	testenv.Eventually(t, 10*time.Second, "first settles k-old", func() bool { return b.env.Effects(t, "k-old") == 1 })
+
+	b.consumer(t, "fresh", testenv.Subject, func(c *consumer.Config) { c.Start = consumer.StartNew })
+	b.publish(t, testenv.Subject, "k-new")
+	testenv.Eventually(t, 10*time.Second, "both settle k-new", func() bool { return b.env.Effects(t, "k-new") == 2 })
+	testenv.Eventually(t, 10*time.Second, "fresh idle", b.env.Drained(t, "fresh"))
+	if got := b.env.Effects(t, "k-old"); got != 1 {
+		t.Fatalf("effects of k-old = %d, want 1: a StartNew consumer does not read history", got)
+	}
+	b.passUntil(t, "both rows proven without fresh on k-old", func(r reconcile.Report) bool { return r.Completed == 2 })
+
+	b.consumer(t, "late", testenv.Subject) // the default: backfill
+	testenv.Eventually(t, 10*time.Second, "late backfills", func() bool { return b.env.Effects(t, "k-old") == 2 && b.env.Effects(t, "k-new") == 3 })
+
+	// Stopped and started again, a StartNew consumer keeps where it started.
+	regs, err := reconcile.Registered(context.Background(), b.env.DB.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range regs {
+		if (r.Name == "fresh") != (r.StartsAt != nil) {
+			t.Errorf("registered %s starts at %v", r.Name, r.StartsAt)
+		}
+	}
+}
+
+// Renaming a consumer keeps its inbox: the new name re-reads the stream and folds
+// every intent the old one settled. Without Rename, a new name runs them all again.
+// A new name with the stream and filter of one not seen lately is flagged as a
+// likely rename.
+func TestRenameKeepsTheInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	stop := b.consumer(t, "charges", testenv.Subject)
+	b.publish(t, testenv.Subject, keys("k", 3)...)
+	testenv.Eventually(t, 10*time.Second, "charges settles", func() bool { return b.env.AllEffects(t) == 3 })
+	stop()
+
+	ctx := context.Background()
+	if err := reconcile.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); !errors.Is(err, reconcile.ErrStillRunning) {
+		t.Fatalf("rename of a consumer seen a moment ago = %v; want ErrStillRunning", err)
+	}
+	b.env.DB.Count(t, `WITH u AS (UPDATE idem_consumers SET last_seen_at = now() - interval '1 hour' RETURNING 1) SELECT count(*) FROM u`)
+	reg, err := reconcile.Register(ctx, b.env.DB.Pool, "", reconcile.Consumer{Name: "probe", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: time.Hour}, false)
+	if err != nil || !reg.New || len(reg.LikelyRenamedFrom) != 1 || reg.LikelyRenamedFrom[0] != "charges" {
+		t.Fatalf("a new name beside a vanished one: %+v, %v; want charges named as a likely rename", reg, err)
+	}
+	if _, err := reconcile.Forget(ctx, b.env.DB.Pool, "", "probe"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := reconcile.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); err != nil {
+		t.Fatal(err)
+	}
+	b.consumer(t, "ledger", testenv.Subject)
+	testenv.Eventually(t, 10*time.Second, "ledger re-reads the stream", b.env.Drained(t, "ledger"))
+	if got := b.env.AllEffects(t); got != 3 {
+		t.Fatalf("effects after the rename = %d, want 3: the renamed inbox folds the history", got)
+	}
+	b.passUntil(t, "proven under the new name", func(r reconcile.Report) bool { return r.Completed == 3 })
+
+	// The old behaviour, for contrast: a new name without Rename.
+	b.consumer(t, "other", testenv.Subject)
+	testenv.Eventually(t, 10*time.Second, "other reads the history", func() bool { return b.env.AllEffects(t) == 6 })
+	if regs, _ := reconcile.Registered(ctx, b.env.DB.Pool, ""); len(regs) != 2 {
+		t.Errorf("registered after the rename = %v; want ledger and other", regs)
+	}
+}
