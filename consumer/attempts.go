@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // attemptCounter counts, in Postgres (idem_attempts), the attempts at each delivery of an
@@ -19,7 +20,7 @@ type attemptCounter struct {
 	pool     *pgxpool.Pool
 	consumer string
 	lifetime time.Duration
-	q        queries
+	q        store.Attempts
 }
 
 // start charges the start of a redelivered attempt at id and returns the count,
@@ -28,7 +29,7 @@ type attemptCounter struct {
 // second.
 func (a *attemptCounter) start(ctx context.Context, id dedupe.ID) (int, error) {
 	var n int
-	if err := a.pool.QueryRow(ctx, a.q.attemptStart, a.consumer, id.Key, id.Message, a.lifetime).Scan(&n); err != nil {
+	if err := a.pool.QueryRow(ctx, a.q.Start, a.consumer, id.Key, id.Message, a.lifetime).Scan(&n); err != nil {
 		return 0, fmt.Errorf("consumer: count attempt: %w", err)
 	}
 	return n, nil
@@ -38,7 +39,7 @@ func (a *attemptCounter) start(ctx context.Context, id dedupe.ID) (int, error) {
 // count of attempts so far (at least 1).
 func (a *attemptCounter) fail(ctx context.Context, id dedupe.ID, cause error) (int, error) {
 	var n int
-	if err := a.pool.QueryRow(ctx, a.q.attemptFail, a.consumer, id.Key, id.Message, truncate(cause.Error(), 1000), a.lifetime).Scan(&n); err != nil {
+	if err := a.pool.QueryRow(ctx, a.q.Fail, a.consumer, id.Key, id.Message, truncate(cause.Error(), 1000), a.lifetime).Scan(&n); err != nil {
 		return 0, fmt.Errorf("consumer: record failure: %w", err)
 	}
 	return n, nil

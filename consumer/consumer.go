@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Outcomes reported to Config.Observer (Event.Outcome).
@@ -56,7 +57,7 @@ type Consumer struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	inbox  *dedupe.Inbox
-	q      queries
+	st     *store.Store
 	batch  BatchHandler // the in-transaction handler, nil for External
 
 	attempts *attemptCounter
@@ -92,11 +93,11 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, err
 		return nil, err
 	}
 	c := &Consumer{
-		pool: pool, js: js, cfg: cfg, inbox: inbox, q: newQueries(cfg.Schema),
+		pool: pool, js: js, cfg: cfg, inbox: inbox, st: store.New(cfg.Schema),
 		log:    cfg.Logger.With("consumer", cfg.Name, "subject", cfg.Subject),
 		tracer: cfg.TracerProvider.Tracer("github.com/idemkit/idem/consumer"),
 	}
-	c.attempts = &attemptCounter{pool: pool, consumer: cfg.Name, lifetime: cfg.KeyLifetime, q: c.q}
+	c.attempts = &attemptCounter{pool: pool, consumer: cfg.Name, lifetime: cfg.KeyLifetime, q: c.st.Attempts}
 	switch {
 	case cfg.BatchHandler != nil:
 		c.batch = cfg.BatchHandler

@@ -25,7 +25,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
 	}
 	fp := sha256.Sum256(d.Payload)
 	message := idem.MessageOf(d.Subject, d.Name)
-	tag, err := c.pool.Exec(ctx, c.q.insertDeadLetter, c.cfg.Name, d.Key, message, d.Subject, headers, d.Payload, reason, d.Deliveries, seq, fp[:], c.cfg.KeyLifetime)
+	tag, err := c.pool.Exec(ctx, c.st.DeadLetters.Insert, c.cfg.Name, d.Key, message, d.Subject, headers, d.Payload, reason, d.Deliveries, seq, fp[:], c.cfg.KeyLifetime)
 	if err != nil {
 		c.log.ErrorContext(ctx, "dead letter could not be written; message left for redelivery", "key", d.Key, "reason", reason, "err", err)
 		c.retryLater(d, c.cfg.Backoff(d.Deliveries))

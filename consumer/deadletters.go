@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -162,7 +163,7 @@ var ErrReplayRefused = errors.New("replay refused")
 // broker refused never reached the stream, and has no horizon.
 type DeadLetters struct {
 	pool   *pgxpool.Pool
-	q      queries
+	q      store.DeadLetters
 	outbox *outbox.Outbox
 }
 
@@ -175,7 +176,7 @@ func NewDeadLetters(pool *pgxpool.Pool, schema string) (*DeadLetters, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &DeadLetters{pool: pool, q: newQueries(schema), outbox: ob}, nil
+	return &DeadLetters{pool: pool, q: store.New(schema).DeadLetters, outbox: ob}, nil
 }
 
 // List returns up to limit dead letters (limit <= 0: all), replayed or not, newest
@@ -193,7 +194,7 @@ func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error)
 	if f.Limit > 0 {
 		limit = &f.Limit
 	}
-	rows, err := dl.pool.Query(ctx, dl.q.findDeadLetters, append(f.args(), limit)...)
+	rows, err := dl.pool.Query(ctx, dl.q.Find, append(f.args(), limit)...)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
 	}
@@ -206,7 +207,7 @@ func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error)
 
 // Get returns one dead letter.
 func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
-	return getDeadLetter(ctx, dl.pool, dl.q.getDeadLetter, id)
+	return getDeadLetter(ctx, dl.pool, dl.q.Get, id)
 }
 
 // ReplayID replays dead letter id, replayed before or not (a second replay is
@@ -224,7 +225,7 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 		return res, nil
 	}
 	if opts.DryRun {
-		d, err := getDeadLetter(ctx, dl.pool, dl.q.getDeadLetter, id)
+		d, err := getDeadLetter(ctx, dl.pool, dl.q.Get, id)
 		if err != nil {
 			return ReplayResult{}, err
 		}
@@ -232,7 +233,7 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 	}
 	var res ReplayResult
 	err := pgx.BeginFunc(ctx, dl.pool, func(tx pgx.Tx) error {
-		d, err := getDeadLetter(ctx, tx, dl.q.getDeadLetterForUpdate, id)
+		d, err := getDeadLetter(ctx, tx, dl.q.GetForUpdate, id)
 		if err != nil {
 			return err
 		}
@@ -242,7 +243,7 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 		if err := dl.republish(ctx, tx, d); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, dl.q.markReplayed, []int64{id}); err != nil {
+		if _, err := tx.Exec(ctx, dl.q.MarkReplayed, []int64{id}); err != nil {
 			return fmt.Errorf("consumer: replay dead letter %d: record: %w", id, err)
 		}
 		return nil
@@ -297,7 +298,7 @@ func (dl *DeadLetters) Replay(ctx context.Context, f Filter, opts ReplayOptions)
 func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOptions, after int64, n int) ([]ReplayResult, error) {
 	args := append(f.args(), after, n)
 	if opts.DryRun {
-		rows, err := dl.pool.Query(ctx, dl.q.replayBatchDry, args...)
+		rows, err := dl.pool.Query(ctx, dl.q.ReplayBatchDry, args...)
 		if err != nil {
 			return nil, fmt.Errorf("consumer: replay: %w", err)
 		}
@@ -314,7 +315,7 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 	var results []ReplayResult
 	err := pgx.BeginFunc(ctx, dl.pool, func(tx pgx.Tx) error {
 		results = results[:0]
-		rows, err := tx.Query(ctx, dl.q.replayBatch, args...)
+		rows, err := tx.Query(ctx, dl.q.ReplayBatch, args...)
 		if err != nil {
 			return fmt.Errorf("consumer: replay: %w", err)
 		}
@@ -334,7 +335,7 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 			results = append(results, d.result(ActionReplayed, refused))
 		}
 		if len(replayed) > 0 {
-			if _, err := tx.Exec(ctx, dl.q.markReplayed, replayed); err != nil {
+			if _, err := tx.Exec(ctx, dl.q.MarkReplayed, replayed); err != nil {
 				return fmt.Errorf("consumer: replay: record: %w", err)
 			}
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // DefaultLifetime is how long an inbox key is remembered by default. It must outlast
@@ -30,7 +31,7 @@ type Config struct {
 // Inbox is the idem_inbox table of one schema. It holds no connection: every method
 // takes the transaction or pool it runs on. It is safe for concurrent use.
 type Inbox struct {
-	q      queries
+	q      store.Inbox
 	schema string
 	// layout caches whether idem_inbox is partitioned (package partition): 0 not
 	// yet known, layoutPlain or layoutPartitioned. It is learnt on first use and
@@ -81,7 +82,7 @@ func New(cfg Config) (*Inbox, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("dedupe: %w", err)
 	}
-	return &Inbox{q: newQueries(cfg.Schema), schema: cfg.Schema}, nil
+	return &Inbox{q: store.New(cfg.Schema).Inbox, schema: cfg.Schema}, nil
 }
 
 // fingerprint is the SHA-256 of a payload: what a key was first seen with.
@@ -190,7 +191,7 @@ func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims [
 		claimed, err = in.claimPartitioned(ctx, tx, consumer, keys, messages, fps, lifetime)
 	} else {
 		var rows pgx.Rows
-		if rows, err = tx.Query(ctx, in.q.claim, consumer, keys, messages, fps, lifetime); err == nil {
+		if rows, err = tx.Query(ctx, in.q.Claim, consumer, keys, messages, fps, lifetime); err == nil {
 			claimed, err = pgx.CollectRows(rows, scanID)
 		}
 		in.relearnLayout(err)
@@ -233,8 +234,8 @@ func scanID(row pgx.CollectableRow) (ID, error) {
 // locks, then the insert of the deliveries no partition has, in one round trip.
 func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer string, keys, messages []string, fps [][]byte, lifetime time.Duration) ([]ID, error) {
 	b := &pgx.Batch{}
-	b.Queue(in.q.claimLock, consumer, keys)
-	b.Queue(in.q.claimPartitioned, consumer, keys, messages, fps, lifetime)
+	b.Queue(in.q.ClaimLock, consumer, keys)
+	b.Queue(in.q.ClaimPartitioned, consumer, keys, messages, fps, lifetime)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if err := keysLocked(br); err != nil {
@@ -303,7 +304,7 @@ func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, res
 		if v == nil {
 			continue
 		}
-		b.Queue(in.q.setResult, consumer, id.Key, id.Message, v)
+		b.Queue(in.q.SetResult, consumer, id.Key, id.Message, v)
 	}
 	if b.Len() == 0 {
 		return nil
@@ -364,7 +365,7 @@ func (in *Inbox) Lookup(ctx context.Context, q Querier, consumer string, ids []I
 	for i, id := range ids {
 		keys[i], messages[i] = id.Key, id.Message
 	}
-	rows, err := q.Query(ctx, in.q.lookup, consumer, keys, messages)
+	rows, err := q.Query(ctx, in.q.Lookup, consumer, keys, messages)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: lookup: %w", err)
 	}

@@ -169,7 +169,7 @@ func (in *Inbox) Lease(ctx context.Context, db Querier, consumer string, id ID, 
 			leaseUntil      *time.Time
 			databaseClock   time.Time
 		)
-		err = db.QueryRow(ctx, in.q.leaseInspect, consumer, id.Key, id.Message).Scan(&message, &status, &had, &result, &leaseUntil, &databaseClock)
+		err = db.QueryRow(ctx, in.q.LeaseInspect, consumer, id.Key, id.Message).Scan(&message, &status, &had, &result, &leaseUntil, &databaseClock)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // deleted in between (collected): claim it afresh
 		}
@@ -187,7 +187,7 @@ func (in *Inbox) Lease(ctx context.Context, db Querier, consumer string, id ID, 
 			return LeaseResult{Outcome: LeaseBusy, Until: *leaseUntil, RetryIn: leaseUntil.Sub(databaseClock)}, nil
 		}
 		// An expired lease: take it over, unless another worker is quicker.
-		r, err = acquired(db.QueryRow(ctx, in.q.leaseTakeOver, consumer, id.Key, message, fp, leaseFor, token))
+		r, err = acquired(db.QueryRow(ctx, in.q.LeaseTakeOver, consumer, id.Key, message, fp, leaseFor, token))
 		if err == nil {
 			return r, nil
 		}
@@ -213,7 +213,7 @@ func (in *Inbox) insertLease(ctx context.Context, db Querier, consumer string, i
 		return LeaseResult{}, err
 	}
 	if !partitioned {
-		r, err := acquired(db.QueryRow(ctx, in.q.leaseInsert, consumer, id.Key, id.Message, fp, leaseFor, token, lifetime))
+		r, err := acquired(db.QueryRow(ctx, in.q.LeaseInsert, consumer, id.Key, id.Message, fp, leaseFor, token, lifetime))
 		in.relearnLayout(err)
 		return r, err
 	}
@@ -222,8 +222,8 @@ func (in *Inbox) insertLease(ctx context.Context, db Querier, consumer string, i
 		return LeaseResult{}, fmt.Errorf("a lease on a partitioned inbox needs a pool, connection or transaction (SendBatch), not %T", db)
 	}
 	b := &pgx.Batch{}
-	b.Queue(in.q.claimLock, consumer, []string{id.Key})
-	b.Queue(in.q.leaseInsertPartitioned, consumer, id.Key, id.Message, fp, leaseFor, token, lifetime)
+	b.Queue(in.q.ClaimLock, consumer, []string{id.Key})
+	b.Queue(in.q.LeaseInsertPartitioned, consumer, id.Key, id.Message, fp, leaseFor, token, lifetime)
 	br := bdb.SendBatch(ctx, b)
 	defer br.Close()
 	if err := keysLocked(br); err != nil {
@@ -241,7 +241,7 @@ func (in *Inbox) insertLease(ctx context.Context, db Querier, consumer string, i
 // worker mistakes it for dead. ErrLeaseLost means another worker took over.
 func (in *Inbox) ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor time.Duration) (time.Time, error) {
 	var until time.Time
-	err := db.QueryRow(ctx, in.q.leaseExtend, h.Consumer, h.Key, h.Message, h.Token, leaseFor).Scan(&until)
+	err := db.QueryRow(ctx, in.q.LeaseExtend, h.Consumer, h.Key, h.Message, h.Token, leaseFor).Scan(&until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return time.Time{}, ErrLeaseLost
 	}
@@ -256,7 +256,7 @@ func (in *Inbox) ExtendLease(ctx context.Context, db Querier, h Holder, leaseFor
 // authorization, say). An attempt that takes over after a crash or a failure
 // starts from there instead of from the beginning.
 func (in *Inbox) RecordStep(ctx context.Context, db Querier, h Holder, step string, state []byte) error {
-	return holderOnly(ctx, db, "record step", in.q.leaseStep, h, step, state)
+	return holderOnly(ctx, db, "record step", in.q.LeaseStep, h, step, state)
 }
 
 // CompleteLease marks the delivery done with result and clears the lease. Only
@@ -265,13 +265,13 @@ func (in *Inbox) RecordStep(ctx context.Context, db Querier, h Holder, step stri
 // can be. ErrLeaseLost means another worker took over (and will perform the effect
 // again, with the same key).
 func (in *Inbox) CompleteLease(ctx context.Context, db Querier, h Holder, result []byte) error {
-	return holderOnly(ctx, db, "complete lease", in.q.leaseComplete, h, result)
+	return holderOnly(ctx, db, "complete lease", in.q.LeaseComplete, h, result)
 }
 
 // ReleaseLease ends the holder's lease at once, keeping the recovery point, so that
 // the retry of a failed effect need not wait for the lease to expire.
 func (in *Inbox) ReleaseLease(ctx context.Context, db Querier, h Holder) error {
-	return holderOnly(ctx, db, "release lease", in.q.leaseRelease, h)
+	return holderOnly(ctx, db, "release lease", in.q.LeaseRelease, h)
 }
 
 func holderOnly(ctx context.Context, db Querier, what, sql string, h Holder, args ...any) error {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Check runs every scenario (see the package documentation) against env for c and
@@ -25,7 +26,7 @@ func Check(ctx context.Context, env *Env, c Case) (report Report, err error) {
 	env.checking.Lock()
 	defer env.checking.Unlock()
 
-	ck := &check{env: env, p: p, out: &outcomes{name: p.cfg.Name}, counted: map[string]int{}, q: newQueries(env.Schema)}
+	ck := &check{env: env, p: p, out: &outcomes{name: p.cfg.Name}, counted: map[string]int{}, q: store.New(env.Schema).DeadLetters}
 	ck.armFaults()
 	report = Report{Consumer: p.cfg.Name, Key: p.msg.Key}
 
@@ -80,7 +81,7 @@ func (e *Env) AssertOnce(t testing.TB, c Case) Report {
 type check struct {
 	env *Env
 	p   *plan
-	q   queries
+	q   store.DeadLetters
 	fs  *faults.Set
 	out *outcomes
 	run *run // the consumer instance running now
@@ -96,7 +97,7 @@ type check struct {
 
 // deadLetters returns the reasons the consumer dead-lettered key with.
 func (ck *check) deadLetters(ctx context.Context, key string) ([]string, error) {
-	rows, err := ck.env.Pool.Query(ctx, ck.q.deadLetterReasons, ck.p.cfg.Name, key)
+	rows, err := ck.env.Pool.Query(ctx, ck.q.Reasons, ck.p.cfg.Name, key)
 	if err != nil {
 		return nil, fmt.Errorf("read dead letters: %w", err)
 	}
@@ -114,3 +115,6 @@ func (ck *check) deadLetters(ctx context.Context, key string) ([]string, error) 
 	}
 	return out, nil
 }
+
+// mismatchPrefix starts the reason of a fingerprint-mismatch dead letter.
+const mismatchPrefix = "fingerprint mismatch"

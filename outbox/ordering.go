@@ -79,7 +79,7 @@ func filterRegexps(filters []string) []string {
 // published while an earlier row of its subject is neither published nor
 // dead-lettered.
 func (r *Relay) claimOrdered(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error) {
-	rows, err := tx.Query(ctx, r.q.lockOrdered, r.orderedRe, r.cfg.BatchSize, orderedLockClass, r.lockSalt)
+	rows, err := tx.Query(ctx, r.st.Outbox.LockOrdered, r.orderedRe, r.cfg.BatchSize, orderedLockClass, r.lockSalt)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: ordered: lock partitions: %w", err)
 	}
@@ -90,7 +90,7 @@ func (r *Relay) claimOrdered(ctx context.Context, tx pgx.Tx) (batch []outboxRow,
 	if len(subjects) == 0 {
 		return nil, false, nil
 	}
-	return r.claimWith(ctx, tx, r.q.claimOrdered, subjects, r.cfg.BatchSize)
+	return r.claimWith(ctx, tx, r.st.Outbox.ClaimOrdered, subjects, r.cfg.BatchSize)
 }
 
 // orderedLockClass is the first key of the relay's per-subject advisory locks

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Config configures an Outbox. The zero value of every field means its default.
@@ -66,7 +67,7 @@ func (c Config) validate() error {
 // no connection and is safe for concurrent use.
 type Outbox struct {
 	cfg     Config
-	q       queries
+	q       store.Outbox
 	channel string
 	wake    waker
 	tracer  trace.Tracer
@@ -78,7 +79,7 @@ func New(cfg Config) (*Outbox, error) {
 		return nil, err
 	}
 	cfg.Subjects = append([]string(nil), cfg.Subjects...)
-	return &Outbox{cfg: cfg, q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}, nil
+	return &Outbox{cfg: cfg, q: store.New(cfg.Schema).Outbox, channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}, nil
 }
 
 // Enqueue writes msgs into the outbox inside the caller's transaction, in one
@@ -169,11 +170,11 @@ type outboxRows struct {
 
 // statement is the enqueue statement for r: one VALUES row for one message, or
 // unnest over the columns for more.
-func (r *outboxRows) statement(q queries) string {
+func (r *outboxRows) statement(q store.Outbox) string {
 	if len(r.keys) == 1 {
-		return q.enqueueOne
+		return q.EnqueueOne
 	}
-	return q.enqueue
+	return q.Enqueue
 }
 
 func (r *outboxRows) args() []any {
@@ -311,7 +312,7 @@ type Backlog struct {
 func (o *Outbox) Backlog(ctx context.Context, db Row) (Backlog, error) {
 	var b Backlog
 	var age float64
-	if err := db.QueryRow(ctx, o.q.backlog).Scan(&b.Pending, &b.OldestCreatedAt, &age); err != nil {
+	if err := db.QueryRow(ctx, o.q.Backlog).Scan(&b.Pending, &b.OldestCreatedAt, &age); err != nil {
 		return Backlog{}, fmt.Errorf("outbox: backlog: %w", err)
 	}
 	b.OldestAge = time.Duration(age * float64(time.Second))

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Outcomes of the relay's Events (Component idem.ComponentRelay): one event per
@@ -182,7 +183,7 @@ type Relay struct {
 	js      jetstream.JetStream
 	cfg     RelayConfig
 	log     *slog.Logger
-	q       queries
+	st      *store.Store
 	channel string
 	pubOpts []jetstream.PublishOpt
 	tracer  trace.Tracer
@@ -202,7 +203,7 @@ func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Rel
 	}
 	cfg = cfg.withDefaults()
 	r := &Relay{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "relay"),
-		q: newQueries(cfg.Schema), channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}
+		st: store.New(cfg.Schema), channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}
 	if cfg.Stream != "" {
 		r.pubOpts = append(r.pubOpts, jetstream.WithExpectStream(cfg.Stream))
 	}
@@ -353,12 +354,12 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 		if r.cfg.AwaitProof {
 			retention = 0 // kept until the reconciler proves the intent complete
 		}
-		if _, err := tx.Exec(ctx, r.q.markPublished, ok.ids, ok.streams, ok.seqs, retention); err != nil {
+		if _, err := tx.Exec(ctx, r.st.Outbox.MarkPublished, ok.ids, ok.streams, ok.seqs, retention); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: mark published: %w", err)
 		}
 	}
 	if len(retry.ids) > 0 {
-		if _, err := tx.Exec(ctx, r.q.markFailed, retry.ids, retry.reasons, retry.waits); err != nil {
+		if _, err := tx.Exec(ctx, r.st.Outbox.MarkFailed, retry.ids, retry.reasons, retry.waits); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: record failures: %w", err)
 		}
 	}
@@ -367,7 +368,7 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 		if err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
 		}
-		if _, err := tx.Exec(ctx, r.q.deadLetter, dead.ids, dead.reasons, r.cfg.Retention, RelayConsumer, horizons); err != nil {
+		if _, err := tx.Exec(ctx, r.st.DeadLetters.InsertRelay, dead.ids, dead.reasons, r.cfg.Retention, RelayConsumer, horizons); err != nil {
 			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
 		}
 	}
@@ -433,13 +434,13 @@ type acked struct {
 // MaxBatchBytes (at least one) and loads them. The rows it locked but did not keep
 // are simply left for the next batch.
 func (r *Relay) claim(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error) {
-	return r.claimWith(ctx, tx, r.q.claim, r.cfg.BatchSize)
+	return r.claimWith(ctx, tx, r.st.Outbox.Claim, r.cfg.BatchSize)
 }
 
 // claimUnordered is claim for a relay with OrderedSubjects: it leaves their rows
 // to claimOrdered.
 func (r *Relay) claimUnordered(ctx context.Context, tx pgx.Tx) (batch []outboxRow, full bool, err error) {
-	return r.claimWith(ctx, tx, r.q.claimUnordered, r.cfg.BatchSize, r.orderedRe)
+	return r.claimWith(ctx, tx, r.st.Outbox.ClaimUnordered, r.cfg.BatchSize, r.orderedRe)
 }
 
 // claimWith runs a claim statement that returns (id, size) rows in id order, at
@@ -473,7 +474,7 @@ func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...an
 	if len(ids) == 0 {
 		return nil, false, nil
 	}
-	rows, err = tx.Query(ctx, r.q.load, ids)
+	rows, err = tx.Query(ctx, r.st.Outbox.Load, ids)
 	if err != nil {
 		return nil, false, fmt.Errorf("outbox: relay: load: %w", err)
 	}
@@ -514,7 +515,7 @@ func (r *Relay) replayHorizons(ctx context.Context, tx pgx.Tx, batch []outboxRow
 	if !slices.Contains(dead.stored, true) {
 		return horizons, nil
 	}
-	rows, err := tx.Query(ctx, r.q.readers, r.cfg.Stream)
+	rows, err := tx.Query(ctx, r.st.Consumers.Readers, r.cfg.Stream)
 	if err != nil {
 		return nil, fmt.Errorf("registered consumers: %w", err)
 	}

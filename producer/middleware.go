@@ -40,6 +40,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -256,9 +257,11 @@ func scopeFromHeader(r *http.Request) (string, error) {
 // Middleware enforces the Idempotency-Key protocol on the handlers it wraps. It is
 // safe for concurrent use; one Middleware can wrap many handlers.
 type Middleware struct {
-	pool     *pgxpool.Pool
-	cfg      Config
-	q        queries
+	pool *pgxpool.Pool
+	cfg  Config
+	q    store.Requests
+	// waitMs is Wait as a lock_timeout setting, the claim's $7.
+	waitMs   string
 	inFlight chan struct{} // a slot per request in flight; nil when unbounded
 	// keyAgeLimit: a UUIDv7 key older than this with no live record is refused.
 	keyAgeLimit time.Duration
@@ -281,7 +284,7 @@ func NewMiddleware(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
 		}
 		cfg.Outbox = ob
 	}
-	m := &Middleware{pool: pool, cfg: cfg, q: newQueries(cfg.Schema, cfg.Wait), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime)}
+	m := &Middleware{pool: pool, cfg: cfg, q: store.New(cfg.Schema).Requests, waitMs: fmt.Sprintf("%dms", max(cfg.Wait.Milliseconds(), 1)), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime)}
 	if cfg.MaxInFlight > 0 {
 		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -390,8 +393,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// 4. One transaction for claim, effect and stored response. BEGIN rides with
 	// the claim, and COMMIT with the stored response (requestTx).
 	var lockedAt time.Time
-	tx, err := begin(ctx, m.pool, m.q.claimFirst,
-		[]any{scope, string(key), fp, r.Method, r.URL.Path, m.cfg.KeyLifetime.Seconds(), m.q.waitMs},
+	tx, err := begin(ctx, m.pool, m.q.ClaimFirst,
+		[]any{scope, string(key), fp, r.Method, r.URL.Path, m.cfg.KeyLifetime.Seconds(), m.waitMs},
 		func(row pgx.Row) error { return row.Scan(&lockedAt) })
 	if tx != nil {
 		defer a.end(tx) // a no-op once committed
@@ -458,7 +461,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// 6. Write the handler's outbox messages, remember the response and commit, in
 	// one round trip.
 	messages := intent.batch.Len()
-	intent.batch.Queue(m.q.complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body)
+	intent.batch.Queue(m.q.Complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body)
 	if err := tx.commit(ctx, intent.batch); err != nil {
 		// Most likely the handler ignored a failed statement and the transaction
 		// is aborted; either way nothing of this request survives. If instead the
@@ -588,7 +591,7 @@ type claimResult struct {
 func (m *Middleware) claim(ctx context.Context, tx pgx.Tx, scope string, key idem.Key, fp []byte, r *http.Request) (claimResult, error) {
 	for range maxClaimAttempts {
 		var lockedAt time.Time
-		err := tx.QueryRow(ctx, m.q.claim, scope, string(key), fp, r.Method, r.URL.Path,
+		err := tx.QueryRow(ctx, m.q.Claim, scope, string(key), fp, r.Method, r.URL.Path,
 			m.cfg.KeyLifetime.Seconds()).Scan(&lockedAt)
 		if err == nil {
 			return claimResult{ok: true}, nil
@@ -598,7 +601,7 @@ func (m *Middleware) claim(ctx context.Context, tx pgx.Tx, scope string, key ide
 		}
 
 		var rec record
-		err = tx.QueryRow(ctx, m.q.lookup, scope, string(key)).
+		err = tx.QueryRow(ctx, m.q.Lookup, scope, string(key)).
 			Scan(&rec.fingerprint, &rec.status, &rec.code, &rec.header, &rec.body, &rec.expired)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -609,7 +612,7 @@ func (m *Middleware) claim(ctx context.Context, tx pgx.Tx, scope string, key ide
 		case rec.expired:
 			// The key outlived its lifetime; it now names nothing. Delete the old
 			// record in this transaction and claim again.
-			if _, err := tx.Exec(ctx, m.q.deleteExpired, scope, string(key)); err != nil {
+			if _, err := tx.Exec(ctx, m.q.DeleteExpired, scope, string(key)); err != nil {
 				return claimResult{}, fmt.Errorf("middleware: delete expired record: %w", err)
 			}
 			continue

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Outcome of the collector's events (Component idem.ComponentCollector, Name the
@@ -121,12 +121,14 @@ type collectedTable struct {
 
 func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
 	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe, clock: newClockGuard()}
-	for _, t := range sqlCollect {
-		if t.name == string(partition.Inbox) || t.name == string(partition.Outbox) {
-			t.defaultSQL = strings.ReplaceAll(t.sql, t.name, partition.DefaultPartition(schema, partition.Table(t.name)))
-		}
-		t.sql = pgschema.Qualify(schema, t.sql)
-		c.tables = append(c.tables, t)
+	st := store.New(schema)
+	c.tables = []collectedTable{
+		{name: string(partition.Inbox), sql: st.Inbox.Collect, defaultSQL: st.Inbox.CollectIn(partition.DefaultPartition(schema, partition.Inbox))},
+		{name: "idem_requests", sql: st.Requests.Collect},
+		{name: string(partition.Outbox), sql: st.Outbox.Collect, defaultSQL: st.Outbox.CollectIn(partition.DefaultPartition(schema, partition.Outbox))},
+		{name: "idem_attempts", sql: st.Attempts.Collect},
+		{name: "idem_dead_letters", sql: st.DeadLetters.Collect,
+			args: func(c RetentionConfig) []any { return []any{c.deadLetterRetention()} }},
 	}
 	return c
 }
@@ -296,43 +298,3 @@ func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
 
 // sqlCollectorNow is the database's clock, by which every expiry is measured.
 const sqlCollectorNow = `SELECT now()`
-
-// Expired-row deletion, one bounded batch per statement. SKIP LOCKED: a row some
-// transaction is using right now is simply left for the next round. The worker is
-// the one place that knows every idem table, so retention's SQL lives here.
-//
-// Every statement reads and deletes its ctids in ONLY one relation: a ctid names a
-// row within one table, and through a partitioned parent the same ctid is a row in
-// each partition. Run against a table that was converted after the round looked
-// at its layout (partition.Convert), the plain statement finds no row in the
-// parent itself and deletes nothing; the next round collects the default
-// partition.
-var sqlCollect = []collectedTable{
-	{name: "idem_inbox", sql: `
-DELETE FROM ONLY idem_inbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM ONLY idem_inbox WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	{name: "idem_requests", sql: `
-DELETE FROM ONLY idem_requests WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM ONLY idem_requests WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	// Published rows, and rows the relay dead-lettered (their dead letter holds the
-	// message), once their retention has passed; never a pending row. With a
-	// reconciler a published row has no expiry until the reconciler proves it
-	// complete (or gives up on it, past every horizon): never deleted by age alone.
-	{name: "idem_outbox", sql: `
-DELETE FROM ONLY idem_outbox WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM ONLY idem_outbox
-  WHERE (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) AND expires_at < now()
-  LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	{name: "idem_attempts", sql: `
-DELETE FROM ONLY idem_attempts WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM ONLY idem_attempts WHERE expires_at < now() LIMIT $1 FOR UPDATE SKIP LOCKED))`},
-	// Past retention (by created_at, its index) and past the replay horizon:
-	// until then a replay is still allowed, and the row is its only record. A row
-	// with no horizon (filed before schema v3, or by the relay) goes by age alone.
-	{name: "idem_dead_letters", sql: `
-DELETE FROM ONLY idem_dead_letters WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM ONLY idem_dead_letters
-  WHERE created_at < now() - $2::interval AND (inbox_expires_at IS NULL OR inbox_expires_at < now())
-  LIMIT $1 FOR UPDATE SKIP LOCKED))`,
-		args: func(c RetentionConfig) []any { return []any{c.deadLetterRetention()} }},
-}

@@ -382,8 +382,8 @@ func (s *scratch) fill(ctx context.Context, first, n, total int) error {
 // The instant e of row g: from ten days before today's UTC midnight to it.
 const (
 	sqlFillInbox = `
-INSERT INTO idem_inbox (consumer, key, fingerprint, status, created_at, completed_at, expires_at)
-SELECT 'bench', 'fill-' || g, sha256(g::text::bytea), 'done', e - interval '72 hours', e - interval '72 hours', e
+INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, created_at, completed_at, expires_at)
+SELECT 'bench', 'fill-' || g, 'bench.claim', sha256(g::text::bytea), 'done', e - interval '72 hours', e - interval '72 hours', e
 FROM generate_series($1::bigint, $2::bigint) AS g
 CROSS JOIN LATERAL (SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
                            - interval '10 days' + (g::float8 / $3::float8) * interval '10 days' AS e) AS x`

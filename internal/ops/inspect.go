@@ -182,20 +182,20 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 	rep := &KeyReport{Scope: scope, Key: key, ScopedKey: scoped}
 	err := r.snapshot(ctx, func(tx pgx.Tx, asOf time.Time) error {
 		rep.AsOf = asOf
-		reqs, err := queryAll(ctx, tx, "request", r.q.request, scanRequest, scope, string(key))
+		reqs, err := queryAll(ctx, tx, "request", r.st.Requests.Inspect, scanRequest, scope, string(key))
 		if err != nil {
 			return err
 		}
 		if len(reqs) > 0 {
 			rep.Request = &reqs[0]
 		}
-		if rep.Outbox, err = queryAll(ctx, tx, "outbox", r.q.outbox, scanOutbox, scoped); err != nil {
+		if rep.Outbox, err = queryAll(ctx, tx, "outbox", r.st.Outbox.Inspect, scanOutbox, scoped); err != nil {
 			return err
 		}
-		if rep.Inbox, err = queryAll(ctx, tx, "inbox", r.q.inbox, scanInbox, scoped); err != nil {
+		if rep.Inbox, err = queryAll(ctx, tx, "inbox", r.st.Inbox.Inspect, scanInbox, scoped); err != nil {
 			return err
 		}
-		if rep.DeadLetters, err = queryAll(ctx, tx, "dead letters", r.q.deadLetters, scanDeadLetter, scoped); err != nil {
+		if rep.DeadLetters, err = queryAll(ctx, tx, "dead letters", r.st.DeadLetters.Inspect, scanDeadLetter, scoped); err != nil {
 			return err
 		}
 		if len(rep.Outbox) > 0 {
@@ -215,7 +215,7 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 		rep.Effects = rep.Effects.normalized()
 		rep.Known = rep.known()
 		if !rep.Known {
-			if rep.OtherScopes, err = queryAll(ctx, tx, "other scopes", r.q.otherScopes, pgx.RowTo[string], string(key), scope); err != nil {
+			if rep.OtherScopes, err = queryAll(ctx, tx, "other scopes", r.st.Requests.OtherScopes, pgx.RowTo[string], string(key), scope); err != nil {
 				return err
 			}
 		}

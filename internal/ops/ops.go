@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
 )
 
@@ -34,7 +35,7 @@ type Config struct {
 type Reader struct {
 	db     DB
 	cfg    Config
-	q      queries
+	st     *store.Store
 	outbox *outbox.Outbox
 }
 
@@ -52,7 +53,7 @@ func New(db DB, cfg Config) (*Reader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ops: %w", err)
 	}
-	return &Reader{db: db, cfg: cfg, q: newQueries(cfg.Schema), outbox: ob}, nil
+	return &Reader{db: db, cfg: cfg, st: store.New(cfg.Schema), outbox: ob}, nil
 }
 
 // snapshot runs f in a read-only, repeatable-read transaction, with the database's
@@ -104,7 +105,7 @@ func (r *Reader) OpenDeadLetters(ctx context.Context) (map[string]int64, error) 
 
 func (r *Reader) openDeadLetters(ctx context.Context, tx pgx.Tx) (map[string]int64, error) {
 	out := map[string]int64{}
-	rows, err := tx.Query(ctx, r.q.openDeadLetters)
+	rows, err := tx.Query(ctx, r.st.DeadLetters.Open)
 	if err != nil {
 		return nil, fmt.Errorf("ops: open dead letters: %w", err)
 	}
@@ -116,3 +117,6 @@ func (r *Reader) openDeadLetters(ctx context.Context, tx pgx.Tx) (map[string]int
 	}
 	return out, nil
 }
+
+// sqlNow is the database's clock, the snapshot's "as of".
+const sqlNow = `SELECT now()`

@@ -86,12 +86,17 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 	s := &Stats{Counts: []Count{}}
 	err := r.snapshot(ctx, func(tx pgx.Tx, asOf time.Time) error {
 		s.AsOf = asOf
-		err := tx.QueryRow(ctx, r.q.totals).Scan(
-			&s.Requests.Total, &s.Requests.Running,
-			&s.Outbox.Failing, &s.Outbox.Published,
-			&s.DeadLetters.Total, &s.DeadLetters.NotReplayed)
-		if err != nil {
-			return fmt.Errorf("ops: stats: %w", err)
+		for _, c := range []struct {
+			sql  string
+			dest []any
+		}{
+			{r.st.Requests.Counts, []any{&s.Requests.Total, &s.Requests.Running}},
+			{r.st.Outbox.Counts, []any{&s.Outbox.Failing, &s.Outbox.Published}},
+			{r.st.DeadLetters.Counts, []any{&s.DeadLetters.Total, &s.DeadLetters.NotReplayed}},
+		} {
+			if err := tx.QueryRow(ctx, c.sql).Scan(c.dest...); err != nil {
+				return fmt.Errorf("ops: stats: %w", err)
+			}
 		}
 		b, err := r.outbox.Backlog(ctx, tx)
 		if err != nil {
@@ -108,7 +113,7 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 		if s.Consumers, err = reconcile.Registered(ctx, tx, r.cfg.Schema); err != nil {
 			return fmt.Errorf("ops: stats: %w", err)
 		}
-		if s.Inbox, err = queryAll(ctx, tx, "inbox stats", r.q.inboxStats, pgx.RowToStructByPos[InboxCount]); err != nil {
+		if s.Inbox, err = queryAll(ctx, tx, "inbox stats", r.st.Inbox.Stats, pgx.RowToStructByPos[InboxCount]); err != nil {
 			return err
 		}
 		if r.cfg.Counts != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Report says what one Maintain round did.
@@ -172,7 +173,7 @@ func readPlan(ctx context.Context, pool *pgxpool.Pool, cfg Config, t Table) (pla
 		reach := time.Duration(0)
 		if t == Inbox {
 			var secs float64
-			if err := tx.QueryRow(ctx, sqlf(sqlMaxLifetime, ident(cfg.Schema, "idem_consumers"))).Scan(&secs); err != nil {
+			if err := tx.QueryRow(ctx, store.New(cfg.Schema).Consumers.MaxLifetime).Scan(&secs); err != nil {
 				return fmt.Errorf("registered lifetimes: %w", err)
 			}
 			reach = max(cfg.KeyLifetime, time.Duration(secs*float64(time.Second)))

@@ -39,10 +39,6 @@ ORDER BY i.indexname`
 
 	sqlSetLockTimeout = `SELECT set_config('lock_timeout', $1, true)`
 
-	// sqlMaxLifetime is the longest key lifetime a registered consumer asked for:
-	// the inbox must have partitions out to now() plus it.
-	sqlMaxLifetime = `SELECT COALESCE(EXTRACT(EPOCH FROM max(key_lifetime)), 0)::float8 FROM %[1]s`
-
 	sqlNow = `SELECT now()`
 )
 

@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Outcomes of the reconciler's Events (Component idem.ComponentReconciler), one
@@ -130,7 +131,7 @@ type Reconciler struct {
 	js      jetstream.JetStream
 	cfg     Config
 	log     *slog.Logger
-	q       queries
+	st      *store.Store
 	channel string
 
 	mu      sync.Mutex
@@ -148,7 +149,7 @@ func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Reconciler, e
 	}
 	cfg = cfg.withDefaults()
 	return &Reconciler{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "reconciler"),
-		q: newQueries(cfg.Schema), channel: pgschema.Channel(cfg.Schema, "idem_outbox")}, nil
+		st: store.New(cfg.Schema), channel: pgschema.Channel(cfg.Schema, "idem_outbox")}, nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -337,13 +338,13 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 	}
 
 	if len(complete) > 0 {
-		if _, err := tx.Exec(ctx, r.q.complete, complete, r.cfg.Retention); err != nil {
+		if _, err := tx.Exec(ctx, r.st.Outbox.Complete, complete, r.cfg.Retention); err != nil {
 			return rep, 0, fmt.Errorf("reconcile: complete: %w", err)
 		}
 	}
 	for verdict, ids := range map[string][]int64{"lag": lag, "unrouted": unrouted} {
 		if len(ids) > 0 {
-			if _, err := tx.Exec(ctx, r.q.verdict, ids, verdict); err != nil {
+			if _, err := tx.Exec(ctx, r.st.Outbox.Verdict, ids, verdict); err != nil {
 				return rep, 0, fmt.Errorf("reconcile: mark %s: %w", verdict, err)
 			}
 		}
@@ -351,7 +352,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 	redriven := 0
 	if len(redriveIDs) > 0 {
 		fs := faults.From(ctx)
-		rs, err := tx.Query(ctx, r.q.redrive, redriveIDs, redriveFor, "reconcile: the stream lost it; re-driven",
+		rs, err := tx.Query(ctx, r.st.Outbox.Redrive, redriveIDs, redriveFor, "reconcile: the stream lost it; re-driven",
 			fs.On(faults.RedriveToAll), fs.On(faults.OldDeadLettersProve))
 		if err != nil {
 			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
@@ -367,7 +368,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 		}
 	}
 	if len(alertIDs) > 0 {
-		if _, err := tx.Exec(ctx, r.q.alert, alertIDs, alertFor, alertWhy, alertHorizon, r.cfg.Retention); err != nil {
+		if _, err := tx.Exec(ctx, r.st.DeadLetters.InsertAlert, alertIDs, alertFor, alertWhy, alertHorizon, r.cfg.Retention); err != nil {
 			return rep, 0, fmt.Errorf("reconcile: alert: %w", err)
 		}
 	}
@@ -389,7 +390,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 const relayConsumer = "(relay)"
 
 func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unproven, error) {
-	rs, err := tx.Query(ctx, r.q.unproven, r.cfg.Stream, after, r.cfg.After, r.cfg.BatchSize)
+	rs, err := tx.Query(ctx, r.st.Outbox.Unproven, r.cfg.Stream, after, r.cfg.After, r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: load: %w", err)
 	}
@@ -426,7 +427,7 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer
 	settled := map[pair]bool{}
 	if len(names) > 0 {
 		fs := faults.From(ctx)
-		rs, err := tx.Query(ctx, r.q.settled, names, keys, messages, written, ids, fs.On(faults.RedriveToAll), fs.On(faults.OldDeadLettersProve))
+		rs, err := tx.Query(ctx, r.st.Inbox.Settled, names, keys, messages, written, ids, fs.On(faults.RedriveToAll), fs.On(faults.OldDeadLettersProve))
 		if err != nil {
 			return fmt.Errorf("reconcile: proof: %w", err)
 		}
@@ -491,3 +492,6 @@ func countDistinct(sortedIDs []int64) int {
 	}
 	return n
 }
+
+// sqlNotify wakes the relays of the schema (the channel is the outbox's).
+const sqlNotify = `SELECT pg_notify($1, '')`

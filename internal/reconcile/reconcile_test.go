@@ -12,9 +12,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // bundle is one test's world: the test environment, an outbox and a relay that

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Consumer is a consumer as it registered itself in idem_consumers when it started
@@ -66,7 +66,7 @@ type Execer interface {
 
 // Registered lists the registered consumers of schema.
 func Registered(ctx context.Context, db Querier, schema string) ([]Consumer, error) {
-	rs, err := db.Query(ctx, pgschema.Qualify(schema, sqlRegistered))
+	rs, err := db.Query(ctx, store.New(schema).Consumers.Registered)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: registered consumers: %w", err)
 	}
@@ -135,13 +135,13 @@ func Register(ctx context.Context, db Querier, schema string, c Consumer, startN
 		return Registration{}, fmt.Errorf("reconcile: register %s: Stream and a positive KeyLifetime are required", c.Name)
 	}
 	r := Registration{Consumer: c}
-	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlRegister), c.Name, c.Stream, c.FilterSubject, c.KeyLifetime, c.Redelivery, startNew).
+	err := db.QueryRow(ctx, store.New(schema).Consumers.Register, c.Name, c.Stream, c.FilterSubject, c.KeyLifetime, c.Redelivery, startNew).
 		Scan(&r.New, &r.RegisteredAt, &r.LastSeen, &r.StartsAt)
 	if err != nil {
 		return Registration{}, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
 	}
 	if r.New {
-		rs, err := db.Query(ctx, pgschema.Qualify(schema, sqlVanished), c.Stream, c.FilterSubject, c.Name, vanishedAfter)
+		rs, err := db.Query(ctx, store.New(schema).Consumers.Vanished, c.Stream, c.FilterSubject, c.Name, vanishedAfter)
 		if err == nil {
 			r.LikelyRenamedFrom, err = pgx.CollectRows(rs, pgx.RowTo[string])
 		}
@@ -166,7 +166,7 @@ func ValidateName(name string) error {
 
 // Seen refreshes a registered consumer's LastSeen.
 func Seen(ctx context.Context, db Execer, schema, name string) error {
-	if _, err := db.Exec(ctx, pgschema.Qualify(schema, sqlSeen), name); err != nil {
+	if _, err := db.Exec(ctx, store.New(schema).Consumers.Seen, name); err != nil {
 		return fmt.Errorf("reconcile: seen %s: %w", name, err)
 	}
 	return nil
@@ -176,7 +176,7 @@ func Seen(ctx context.Context, db Execer, schema, name string) error {
 // then every intent it reads waits for it, and is alerted once past its horizon. A
 // consumer that still runs registers itself again when it restarts.
 func Forget(ctx context.Context, db Execer, schema, name string) (bool, error) {
-	tag, err := db.Exec(ctx, pgschema.Qualify(schema, sqlForget), name)
+	tag, err := db.Exec(ctx, store.New(schema).Consumers.Forget, name)
 	if err != nil {
 		return false, fmt.Errorf("reconcile: forget consumer %s: %w", name, err)
 	}
@@ -209,8 +209,9 @@ func Rename(ctx context.Context, db Beginner, schema, from, to string, force boo
 		return fmt.Errorf("reconcile: rename %s: the new name is the old one", from)
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		q := store.New(schema).Consumers
 		var seenAgo float64
-		err := tx.QueryRow(ctx, pgschema.Qualify(schema, sqlRenameLock), from).Scan(&seenAgo)
+		err := tx.QueryRow(ctx, q.RenameLock, from).Scan(&seenAgo)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("reconcile: rename %s: no such registered consumer", from)
 		}
@@ -220,8 +221,8 @@ func Rename(ctx context.Context, db Beginner, schema, from, to string, force boo
 		if ago := seconds(seenAgo); ago < vanishedAfter && !force {
 			return fmt.Errorf("%w: %s was seen %s ago; stop every worker that runs it, then rename it", ErrStillRunning, from, ago.Round(time.Second))
 		}
-		for _, sql := range []string{sqlRenameConsumer, sqlRenameInbox, sqlRenameAttempts, sqlRenameDeadLetters} {
-			if _, err := tx.Exec(ctx, pgschema.Qualify(schema, sql), from, to); err != nil {
+		for _, sql := range []string{q.RenameConsumer, q.RenameInbox, q.RenameAttempts, q.RenameDeadLetters} {
+			if _, err := tx.Exec(ctx, sql, from, to); err != nil {
 				var pe *pgconn.PgError
 				if errors.As(err, &pe) && pe.Code == "23505" {
 					return fmt.Errorf("reconcile: rename %s to %s: %s is registered already", from, to, to)

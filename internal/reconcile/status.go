@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 )
 
 // Status is the reconciler's view of the outbox at one moment: what stats and
@@ -31,7 +31,7 @@ type Status struct {
 func ReadStatus(ctx context.Context, db Querier, schema string) (Status, error) {
 	var s Status
 	var age float64
-	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlStatus)).Scan(&s.Unproven, &age, &s.Lagging, &s.Unrouted, &s.Redriven, &s.Alerted)
+	err := db.QueryRow(ctx, store.New(schema).Outbox.Status).Scan(&s.Unproven, &age, &s.Lagging, &s.Unrouted, &s.Redriven, &s.Alerted)
 	if err != nil {
 		return Status{}, fmt.Errorf("reconcile: status: %w", err)
 	}

@@ -9,9 +9,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
-	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/worker"
 )
 

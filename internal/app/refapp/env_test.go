@@ -4,9 +4,9 @@ import (
 	"context"
 	"testing"
 
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // newAppEnv is a test world with the application's tables and its stream.

@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/producer"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // newDB is a fresh database with idem's schema and the application's tables.

@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 // The application's hooks read its rows by the key each table stores (scope and

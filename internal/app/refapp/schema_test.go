@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 // Workers starting together on a fresh database all migrate it: one creates the

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 func closeEnv(t *testing.T, e *runenv.Env) {

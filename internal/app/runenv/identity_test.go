@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 func needServerBinaries(t *testing.T) {

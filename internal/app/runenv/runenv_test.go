@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
 const deadURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/internal/partition"
+	"github.com/idemkit/idem/migrations"
 )
 
 // DefaultURL is the database the tests use when DATABASE_URL is unset.

@@ -1,0 +1,77 @@
+package store
+
+// idem_consumers: the registry: which consumers an installation has, what each reads, its key lifetime and where it starts.
+
+const (
+	// The registry of consumers, as they registered at start.
+	sqlConsumersRegistered = `
+SELECT name, stream, filter_subject, EXTRACT(EPOCH FROM key_lifetime)::float8, EXTRACT(EPOCH FROM redelivery)::float8,
+       registered_at, last_seen_at, starts_at
+FROM idem_consumers
+ORDER BY name`
+
+	sqlConsumersForget = `DELETE FROM idem_consumers WHERE name = $1`
+
+	// A new entry starts now ($6) or backfills (NULL); an existing one keeps its
+	// start. xmax is 0 on a row this statement inserted.
+	sqlConsumersRegister = `
+INSERT INTO idem_consumers (name, stream, filter_subject, key_lifetime, redelivery, starts_at)
+VALUES ($1, $2, $3, $4, $5, CASE WHEN $6::boolean THEN now() END)
+ON CONFLICT (name) DO UPDATE
+SET stream = EXCLUDED.stream, filter_subject = EXCLUDED.filter_subject,
+    key_lifetime = EXCLUDED.key_lifetime, redelivery = EXCLUDED.redelivery, last_seen_at = now()
+RETURNING xmax = 0, registered_at, last_seen_at, starts_at`
+
+	// Other consumers of the same stream and filter, silent for $4.
+	sqlConsumersVanished = `
+SELECT name FROM idem_consumers
+WHERE stream = $1 AND filter_subject = $2 AND name <> $3 AND last_seen_at < now() - $4::interval
+ORDER BY name`
+
+	// A rename, in one transaction: the registry entry (locked first), then every
+	// row that names the consumer.
+	sqlConsumersRenameLock = `SELECT EXTRACT(EPOCH FROM now() - last_seen_at)::float8 FROM idem_consumers WHERE name = $1 FOR UPDATE`
+
+	sqlConsumersRenameConsumer = `UPDATE idem_consumers SET name = $2 WHERE name = $1`
+
+	sqlConsumersRenameInbox = `UPDATE idem_inbox SET consumer = $2 WHERE consumer = $1`
+
+	sqlConsumersRenameAttempts = `UPDATE idem_attempts SET consumer = $2 WHERE consumer = $1`
+
+	sqlConsumersRenameDeadLetters = `UPDATE idem_dead_letters SET consumer = $2 WHERE consumer = $1`
+
+	sqlConsumersSeen = `UPDATE idem_consumers SET last_seen_at = now() WHERE name = $1`
+
+	// The registered consumers of a stream ($1; empty: of any), for the replay
+	// horizon of a dead row that may have been stored.
+	sqlConsumersReaders = `
+SELECT filter_subject, EXTRACT(EPOCH FROM key_lifetime)::float8
+FROM idem_consumers
+WHERE $1 = '' OR stream = $1`
+
+	// The longest key lifetime a registered consumer asked for: a partitioned
+	// inbox must have partitions out to now() plus it.
+	sqlConsumersMaxLifetime = `SELECT COALESCE(EXTRACT(EPOCH FROM max(key_lifetime)), 0)::float8 FROM idem_consumers`
+)
+
+// Consumers is the SQL of idem_consumers, qualified for one schema.
+type Consumers struct {
+	Registered, Forget, Register, Vanished, RenameLock, RenameConsumer, RenameInbox, RenameAttempts, RenameDeadLetters, Seen, Readers, MaxLifetime string
+}
+
+func newConsumers(q func(string) string) Consumers {
+	return Consumers{
+		Registered:        q(sqlConsumersRegistered),
+		Forget:            q(sqlConsumersForget),
+		Register:          q(sqlConsumersRegister),
+		Vanished:          q(sqlConsumersVanished),
+		RenameLock:        q(sqlConsumersRenameLock),
+		RenameConsumer:    q(sqlConsumersRenameConsumer),
+		RenameInbox:       q(sqlConsumersRenameInbox),
+		RenameAttempts:    q(sqlConsumersRenameAttempts),
+		RenameDeadLetters: q(sqlConsumersRenameDeadLetters),
+		Seen:              q(sqlConsumersSeen),
+		Readers:           q(sqlConsumersReaders),
+		MaxLifetime:       q(sqlConsumersMaxLifetime),
+	}
+}
