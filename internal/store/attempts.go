@@ -1,6 +1,7 @@
 package store
 
-// idem_attempts: the attempts at each delivery, counted by the consumers: what MaxDeliver is compared with.
+// idem_attempts: the attempts at each delivery, counted by the consumers: what
+// MaxDeliver is compared with.
 
 const (
 	// A redelivered attempt starts: count it. No row yet means the attempts before

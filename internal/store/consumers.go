@@ -1,6 +1,7 @@
 package store
 
-// idem_consumers: the registry: which consumers an installation has, what each reads, its key lifetime and where it starts.
+// idem_consumers: the registry: which consumers an installation has, what each
+// reads, its key lifetime and where it starts.
 
 const (
 	// The registry of consumers, as they registered at start.

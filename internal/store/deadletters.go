@@ -1,6 +1,7 @@
 package store
 
-// idem_dead_letters: messages that can never succeed as they are, with the reason. Every writer of a dead letter is here: a consumer, the relay and the reconciler.
+// idem_dead_letters: messages that can never succeed as they are, with the reason.
+// Every writer of a dead letter is here: a consumer, the relay and the reconciler.
 
 const (
 	// A redelivered poison message (its terminate was lost) files only once; a

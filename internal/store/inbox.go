@@ -1,6 +1,12 @@
 package store
 
-// idem_inbox: the consumers' inbox: one row per delivery, (consumer, key, message) -> the first result (packages dedupe and consumer).
+// idem_inbox: the consumers' inbox, one row per delivery, (consumer, key, message)
+// -> the first result (packages dedupe and consumer).
+//
+// A row whose message is '' was written before schema v5 and settles every
+// message of its key for its consumer; no new row is written with ''. Every claim
+// and look-up therefore also probes for such a row: an index probe of
+// idem_inbox_before_v5, which is empty once they have expired.
 
 const (
 	// The claim. ON CONFLICT DO NOTHING waits on a concurrent uncommitted claim of the

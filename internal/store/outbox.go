@@ -1,6 +1,7 @@
 package store
 
-// idem_outbox: the transactional outbox: written in the producer's transaction, published by the relay, proven by the reconciler.
+// idem_outbox: the transactional outbox: written in the producer's transaction,
+// published by the relay, proven by the reconciler.
 
 const (
 	// sqlEnqueue inserts any number of messages in one statement, one array per

@@ -1,6 +1,7 @@
 package store
 
-// idem_requests: the HTTP ingress's records: (scope, key) -> the first response (package producer).
+// idem_requests: the HTTP ingress's records: (scope, key) -> the first response
+// (package producer).
 
 const (
 	// sqlClaimFirst is sqlClaim as the transaction's first statement: its FROM
