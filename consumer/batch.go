@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/idemkit/idem"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedupe"
@@ -78,7 +80,7 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 			ds = append(ds[:fa.index:fa.index], ds[fa.index+1:]...)
 		case errors.Is(err, errAbandoned):
 			c.log.WarnContext(ctx, "batch abandoned (fault point)", "err", err, "messages", len(ds))
-			c.observe(OutcomeAbandoned, len(ds), 0)
+			c.observe(idem.OutcomeAbandoned, len(ds), 0)
 			return
 		case len(ds) > 1:
 			// A batch handler failed without saying where: run each delivery alone.
@@ -255,7 +257,7 @@ func (c *Consumer) settle(ctx context.Context, res batchResult, took time.Durati
 		c.deadLetter(ctx, d, reason)
 	}
 	c.observeProcessed(res.processed, took, res.handlers, res.committed)
-	c.observe(OutcomeDuplicate, len(res.duplicates), 0)
+	c.observe(idem.OutcomeDuplicate, len(res.duplicates), 0)
 }
 
 // heartbeat tells JetStream the batch is still being worked on, every third of

@@ -224,7 +224,7 @@ func TestProviderChargeResumesAfterWorkerDies(t *testing.T) {
 
 			runCharges(t, context.Background(), env, chargesConfig(h, out)) // the next worker
 			testenv.Eventually(t, 45*time.Second, "the takeover to complete the charge", func() bool {
-				return out.Get(consumer.OutcomeProcessed) == 1
+				return out.Get(idem.OutcomeProcessed) == 1
 			})
 
 			for _, op := range []string{stepAuthorize, stepCapture, stepReceipt} {
@@ -272,7 +272,7 @@ func TestProviderChargeBadPayloadIsDeadLettered(t *testing.T) {
 	runCharges(t, context.Background(), env, chargesConfig(h, out))
 	drained := env.Drained(t, chargesName)
 	testenv.Eventually(t, 45*time.Second, "1 processed and every message settled", func() bool {
-		return out.Get(consumer.OutcomeProcessed) == 1 && drained()
+		return out.Get(idem.OutcomeProcessed) == 1 && drained()
 	})
 	for _, key := range []string{"k-bad", "k-unknown"} {
 		if n := env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = $1 AND deliveries = 1 AND reason LIKE 'permanent handler error%'`, key); n != 1 {
@@ -296,7 +296,7 @@ func TestProviderChargeRefusalIsDeadLettered(t *testing.T) {
 	env.Publish(t, testenv.Subject, "k-refused", "k-refused", chargePayload("a", 1))
 	runCharges(t, context.Background(), env, chargesConfig(h, out))
 	testenv.Eventually(t, 45*time.Second, "the refusal dead-lettered", func() bool {
-		return out.Get(consumer.OutcomeDeadLettered) == 1
+		return out.Get(idem.OutcomeDeadLettered) == 1
 	})
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-refused' AND deliveries = 1 AND reason LIKE '%404 Not Found%'`); n != 1 {
 		t.Errorf("dead letters with the 404 as reason after 1 delivery = %d, want 1", n)
@@ -323,9 +323,9 @@ func TestProviderChargeRetriesProviderFailure(t *testing.T) {
 	env.Publish(t, testenv.Subject, "k-retry", "k-retry", chargePayload("a", 7))
 	runCharges(t, context.Background(), env, chargesConfig(h, out))
 	testenv.Eventually(t, 45*time.Second, "the charge completed", func() bool {
-		return out.Get(consumer.OutcomeProcessed) == 1
+		return out.Get(idem.OutcomeProcessed) == 1
 	})
-	if n := out.Get(consumer.OutcomeFailed); n != 2 {
+	if n := out.Get(idem.OutcomeFailed); n != 2 {
 		t.Errorf("failed attempts = %d, want 2 (the two 503s)", n)
 	}
 	got := fmt.Sprintf("%d/%d/%d", p.Requests(stepAuthorize), p.Requests(stepCapture), p.Requests(stepReceipt))

@@ -3,16 +3,11 @@ package consumer
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
-	"github.com/idemkit/idem/internal/pgschema"
 )
 
 // Defaults applied to zero fields of Config.
@@ -39,7 +34,7 @@ const (
 	DefaultMaxBatchBytes = 4 << 20
 )
 
-// Config configures a Consumer. Name, Stream, Subject and exactly one handler are
+// Config configures a Consumer. Name, Subject and exactly one handler are
 // required; the zero value of every other field means its default.
 type Config struct {
 	// Name is the durable JetStream consumer and the inbox's consumer column. Two
@@ -48,12 +43,8 @@ type Config struct {
 	// schema): another installation with the same Name on the same stream is
 	// refused (ErrForeignDurable). No comma.
 	Name string
-	// Stream is the JetStream stream to consume from, e.g. "ORDERS".
-	Stream string
 	// Subject is the filter subject, e.g. "orders.created" or "orders.>".
 	Subject string
-	// Schema is the Postgres schema holding the idem_* tables (default "public").
-	Schema string
 
 	// Handler or BatchHandler runs an effect inside the inbox transaction; External
 	// performs one that cannot join a transaction (an email, a provider call), under
@@ -65,10 +56,6 @@ type Config struct {
 	// BatchSize is the most deliveries processed in one transaction (default
 	// DefaultBatchSize). External effects are always performed one at a time.
 	BatchSize int
-	// Linger is how long a batch waits for more messages after its first one
-	// (default 0: a batch is whatever is already buffered, so a lone message is
-	// never held back).
-	Linger time.Duration
 	// Concurrency is how many batches (or external effects) run at once (default
 	// DefaultConcurrency, or DefaultExternalConcurrency for External).
 	Concurrency int
@@ -90,12 +77,6 @@ type Config struct {
 	// min(LeaseFor, AckWait) while the effect runs, so it bounds how long a crashed
 	// worker delays the retry, not how long the effect may take.
 	LeaseFor time.Duration
-	// DoubleAck waits for the server to confirm each ack. Off by default: a lost ack
-	// costs only a redelivery, which the inbox folds.
-	DoubleAck bool
-	// MaxAckPending bounds messages delivered and not yet acked (default
-	// max(1000, 4*BatchSize*Concurrency)).
-	MaxAckPending int
 	// MaxBufferedBytes bounds the payload and header bytes fetched ahead of the
 	// handlers: the pull requests ask for at most this much, and the consumer's
 	// own queue holds at most this much (default 16 MiB; raised to the broker's
@@ -121,28 +102,23 @@ type Config struct {
 	Start StartPolicy
 
 	// Ordered processes deliveries strictly in stream order, one at a time: the
-	// durable consumer gets MaxAckPending 1, so JetStream hands out the next
+	// durable consumer gets MaxAckPending 1 (otherwise max(1000,
+	// 4*BatchSize*Concurrency)), so JetStream hands out the next
 	// message only once this one is acked or, as a dead letter, terminated, and
 	// Concurrency and BatchSize are 1. A message that fails is retried (after
 	// Backoff) before anything behind it, and a poison message blocks the
 	// consumer until it is dead-lettered (MaxDeliver, or a Permanent error). Use
 	// one ordered consumer per partition subject (Partitioned); see
-	// docs/ORDERING.md. Setting BatchSize, Concurrency or MaxAckPending above 1
-	// with Ordered is an error. Off by default.
+	// docs/ORDERING.md. Setting BatchSize or Concurrency above 1 with Ordered is
+	// an error. Off by default.
 	Ordered bool
 
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-	// TracerProvider makes one span per delivery ("process <subject>",
-	// OpenTelemetry messaging conventions, failed when its handler fails or it is
-	// dead-lettered), continuing the producer's trace from the message headers
-	// through the global propagator (default: the global provider,
-	// otel.GetTracerProvider).
-	TracerProvider trace.TracerProvider
-	// Observer, when set, is told every settled delivery: events with Component
-	// idem.ComponentConsumer, Name the consumer's name and one of the Outcome
-	// constants.
-	Observer idem.Observer
+	// linger is how long a batch waits for more messages after its first one (0:
+	// a batch is whatever is already buffered, so a lone message is never held
+	// back); tests set it to gather a batch.
+	linger time.Duration
+	// maxAckPending bounds messages delivered and not yet acked.
+	maxAckPending int
 }
 
 // StartPolicy is where a consumer new to the installation starts; see
@@ -170,26 +146,21 @@ func (c Config) validate() error {
 		return fmt.Errorf("consumer %s: Name must not contain a comma (it separates names in %s)", c.Name, idem.HeaderReplayFor)
 	case c.Start != StartBackfill && c.Start != StartNew:
 		return fmt.Errorf("consumer %s: unknown Start %d", c.Name, c.Start)
-	case c.Stream == "":
-		return fmt.Errorf("consumer %s: Stream is required", c.Name)
 	case c.Subject == "":
 		return fmt.Errorf("consumer %s: Subject is required", c.Name)
 	case handlers != 1:
 		return fmt.Errorf("consumer %s: set exactly one of Handler, BatchHandler and External", c.Name)
-	case c.BatchSize < 0, c.Concurrency < 0, c.MaxDeliver < 0, c.MaxAckPending < 0, c.MaxBufferedBytes < 0, c.MaxBatchBytes < 0:
+	case c.BatchSize < 0, c.Concurrency < 0, c.MaxDeliver < 0, c.MaxBufferedBytes < 0, c.MaxBatchBytes < 0:
 		return fmt.Errorf("consumer %s: sizes must not be negative", c.Name)
-	case c.AckWait < 0, c.Linger < 0, c.KeyLifetime < 0, c.LeaseFor < 0, c.CheckInterval < 0:
+	case c.AckWait < 0, c.KeyLifetime < 0, c.LeaseFor < 0, c.CheckInterval < 0:
 		return fmt.Errorf("consumer %s: durations must not be negative", c.Name)
-	case c.Ordered && (c.BatchSize > 1 || c.Concurrency > 1 || c.MaxAckPending > 1):
-		return fmt.Errorf("consumer %s: an Ordered consumer takes one message at a time; BatchSize, Concurrency and MaxAckPending must be 0 or 1", c.Name)
+	case c.Ordered && (c.BatchSize > 1 || c.Concurrency > 1):
+		return fmt.Errorf("consumer %s: an Ordered consumer takes one message at a time; BatchSize and Concurrency must be 0 or 1", c.Name)
 	case c.External != nil && c.BatchSize > 1:
 		return fmt.Errorf("consumer %s: an External handler performs one effect at a time; BatchSize must be 0 or 1", c.Name)
 	}
 	if err := idem.ValidateFilter(c.Subject); err != nil {
 		return fmt.Errorf("consumer %s: Subject: %w", c.Name, err)
-	}
-	if err := pgschema.Validate(c.Schema); err != nil {
-		return fmt.Errorf("consumer %s: %w", c.Name, err)
 	}
 	return nil
 }
@@ -200,7 +171,7 @@ func (c Config) WithDefaults() Config {
 	external := c.External != nil
 	if c.Ordered {
 		// One message outstanding on the broker, one worker: nothing can overtake.
-		c.BatchSize, c.Concurrency, c.MaxAckPending = 1, 1, 1
+		c.BatchSize, c.Concurrency, c.maxAckPending = 1, 1, 1
 	}
 	switch {
 	case external:
@@ -229,8 +200,8 @@ func (c Config) WithDefaults() Config {
 	if c.LeaseFor == 0 {
 		c.LeaseFor = DefaultLeaseFor
 	}
-	if c.MaxAckPending == 0 {
-		c.MaxAckPending = max(1000, 4*c.BatchSize*c.Concurrency)
+	if c.maxAckPending == 0 {
+		c.maxAckPending = max(1000, 4*c.BatchSize*c.Concurrency)
 	}
 	if c.MaxBufferedBytes == 0 {
 		c.MaxBufferedBytes = DefaultMaxBufferedBytes
@@ -240,12 +211,6 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.CheckInterval == 0 {
 		c.CheckInterval = 5 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
 	}
 	return c
 }

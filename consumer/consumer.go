@@ -15,34 +15,13 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
-	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/otelmsg"
+	"github.com/idemkit/idem/internal/registry"
+	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
-)
-
-// Outcomes reported to Config.Observer (Event.Outcome).
-const (
-	// OutcomeProcessed: the effect ran (or, for an External, completed) and the
-	// message was acked.
-	OutcomeProcessed = "processed"
-	// OutcomeDuplicate: the key was done already; the message was acked, no effect.
-	OutcomeDuplicate = "duplicate"
-	// OutcomeFailed: the attempt failed (handler error, database or broker error);
-	// the message will be redelivered.
-	OutcomeFailed = "failed"
-	// OutcomeDeadLettered: the message was filed in idem_dead_letters with its
-	// reason and terminated.
-	OutcomeDeadLettered = "dead_lettered"
-	// OutcomeBusy: (External) another worker holds a live lease on the key; the
-	// delivery was handed back to be retried after that lease would end.
-	OutcomeBusy = "busy"
-	// OutcomeAbandoned: a test fault point abandoned the work as if the worker had
-	// died there.
-	OutcomeAbandoned = "abandoned"
-	// OutcomeSkipped: a copy meant for other consumers (a dead-letter replay or a
-	// re-drive, idem.HeaderReplayFor); acked without an effect.
-	OutcomeSkipped = "skipped"
 )
 
 // Consumer runs a handler over a durable JetStream pull consumer, exactly once per
@@ -51,14 +30,17 @@ const (
 // step between "delivered" and "settled" differs (one transaction for a batch, or
 // a lease around one external effect).
 type Consumer struct {
-	pool   *pgxpool.Pool
-	js     jetstream.JetStream
-	cfg    Config
-	log    *slog.Logger
-	tracer trace.Tracer
-	inbox  *dedupe.Inbox
-	st     *store.Store
-	batch  BatchHandler // the in-transaction handler, nil for External
+	inst     *install.Installation
+	pool     *pgxpool.Pool
+	js       jetstream.JetStream
+	cfg      Config
+	stream   string // the installation's
+	log      *slog.Logger
+	tracer   trace.Tracer
+	observer idem.Observer
+	inbox    *dedupe.Inbox
+	st       *store.Store
+	batch    BatchHandler // the in-transaction handler, nil for External
 
 	attempts *attemptCounter
 	// stopping is closed when Run's context ends: work held while the database is
@@ -79,25 +61,24 @@ func (c *Consumer) idOf(d *Delivery) dedupe.ID {
 	return dedupe.ID{Key: d.Key, Message: idem.MessageOf(d.Subject, d.Name)}
 }
 
-// New returns a consumer. It does not touch the broker until Run.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Consumer, error) {
+// New returns a consumer of inst: it reads inst's stream, claims in inst's inbox,
+// and logs, traces and reports its events through inst. It does not touch the
+// broker until Run.
+func New(inst *install.Installation, cfg Config) (*Consumer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || js == nil {
-		return nil, fmt.Errorf("consumer %s: nil pool or JetStream", cfg.Name)
+	if inst.JetStream() == nil {
+		return nil, fmt.Errorf("consumer %s: the installation has no NATS connection", cfg.Name)
 	}
 	cfg = cfg.WithDefaults()
-	inbox, err := dedupe.New(dedupe.Config{Schema: cfg.Schema})
-	if err != nil {
-		return nil, err
-	}
 	c := &Consumer{
-		pool: pool, js: js, cfg: cfg, inbox: inbox, st: store.New(cfg.Schema),
-		log:    cfg.Logger.With("consumer", cfg.Name, "subject", cfg.Subject),
-		tracer: cfg.TracerProvider.Tracer("github.com/idemkit/idem/consumer"),
+		inst: inst, pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: inst.Stream().Name,
+		inbox: dedupe.New(inst), st: inst.Store(), observer: inst.Observer(),
+		log:    inst.Logger().With("consumer", cfg.Name, "subject", cfg.Subject),
+		tracer: otelmsg.Tracer(inst.TracerProvider()),
 	}
-	c.attempts = &attemptCounter{pool: pool, consumer: cfg.Name, lifetime: cfg.KeyLifetime, q: c.st.Attempts}
+	c.attempts = &attemptCounter{pool: c.pool, consumer: cfg.Name, lifetime: cfg.KeyLifetime, q: c.st.Attempts}
 	switch {
 	case cfg.BatchHandler != nil:
 		c.batch = cfg.BatchHandler
@@ -123,7 +104,7 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 		// delivering would vanish without a trace. The consumer counts attempts
 		// and dead-letters past MaxDeliver instead.
 		MaxDeliver:    -1,
-		MaxAckPending: c.cfg.MaxAckPending,
+		MaxAckPending: c.cfg.maxAckPending,
 	}
 }
 
@@ -165,7 +146,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := f.start(ctx, jc); err != nil {
 		return err
 	}
-	c.log.InfoContext(ctx, "consumer started", "stream", c.cfg.Stream, "external", c.cfg.External != nil,
+	c.log.InfoContext(ctx, "consumer started", "stream", c.stream, "external", c.cfg.External != nil,
 		"batch_size", c.cfg.BatchSize, "concurrency", c.cfg.Concurrency)
 	// Queued messages get heartbeats like those being worked on.
 	stopBeat := every(ctx, c.cfg.AckWait/3, func() bool {
@@ -176,14 +157,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// Work in flight finishes on a context that survives ctx: a half-done batch
 	// would only be redelivered (an effect cut off half-way performed again after
 	// its lease expired), but finishing it is the graceful thing to do.
-	work := context.WithoutCancel(ctx)
+	work := stop.Work(ctx)
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				batch, ok := q.take(ctx, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.Linger)
+				batch, ok := q.take(ctx, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.linger)
 				if len(batch) > 0 {
 					c.process(work, batch)
 				}
@@ -214,7 +195,7 @@ var ErrForeignDurable = errors.New("consumer: the durable consumer belongs to an
 // it belongs to, and where a durable created now starts.
 type binding struct {
 	installation string
-	reg          reconcile.Registration
+	reg          registry.Registration
 	// lastSeq is the stream's last sequence, read before a new consumer
 	// registered: a StartNew consumer's first durable starts after it, so that
 	// every intent written since the registration is delivered to it.
@@ -258,10 +239,10 @@ func (c *Consumer) durableConfig(b binding, existing *jetstream.ConsumerInfo) je
 // installations were recorded) is adopted.
 func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, error) {
 	for range 3 {
-		jc, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Name)
+		jc, err := c.js.Consumer(ctx, c.stream, c.cfg.Name)
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			jc, err = c.js.CreateConsumer(ctx, c.cfg.Stream, c.durableConfig(b, nil))
+			jc, err = c.js.CreateConsumer(ctx, c.stream, c.durableConfig(b, nil))
 			if errors.Is(err, jetstream.ErrConsumerExists) {
 				continue // created by another worker meanwhile: bind to it
 			}
@@ -276,15 +257,15 @@ func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, err
 		switch owner := info.Config.Metadata[installation.MetadataKey]; {
 		case owner == b.installation, c.anyInstallation:
 		case owner == "":
-			c.log.InfoContext(ctx, "consumer: adopting a durable consumer that names no installation", "stream", c.cfg.Stream, "installation", b.installation)
+			c.log.InfoContext(ctx, "consumer: adopting a durable consumer that names no installation", "stream", c.stream, "installation", b.installation)
 		default:
 			return nil, fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s, and this consumer to %s (cluster/database/schema). "+
 				"Two installations on one durable split its messages between their inboxes, and each one's reconciler takes the other's acks for losses. "+
 				"Give this consumer another Name; or, if this database moved here on purpose, stop the old installation's workers and delete the durable "+
 				"(nats consumer rm %s %s): this consumer creates it again and its inbox folds what it re-reads",
-				ErrForeignDurable, c.cfg.Name, c.cfg.Stream, owner, b.installation, c.cfg.Stream, c.cfg.Name)
+				ErrForeignDurable, c.cfg.Name, c.stream, owner, b.installation, c.stream, c.cfg.Name)
 		}
-		jc, err = c.js.UpdateConsumer(ctx, c.cfg.Stream, c.durableConfig(b, info))
+		jc, err = c.js.UpdateConsumer(ctx, c.stream, c.durableConfig(b, info))
 		if err == nil {
 			c.checkRecorded(ctx, jc, b)
 		}
@@ -299,7 +280,7 @@ func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, err
 func (c *Consumer) checkRecorded(ctx context.Context, jc jetstream.Consumer, b binding) {
 	if jc.CachedInfo().Config.Metadata[installation.MetadataKey] != b.installation {
 		c.log.WarnContext(ctx, "consumer: the NATS server does not keep consumer metadata (nats-server 2.10 or later does): "+
-			"another installation using this durable name could not be refused", "stream", c.cfg.Stream)
+			"another installation using this durable name could not be refused", "stream", c.stream)
 	}
 }
 
@@ -318,12 +299,12 @@ func (c *Consumer) createDurable(ctx context.Context, b binding) (jetstream.Cons
 		}
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound):
-			c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.cfg.Stream))
-			c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.cfg.Stream)
+			c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.stream))
+			c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.stream)
 		case errors.Is(err, ErrForeignDurable):
 			return nil, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 		case refused(err), failures+1 >= maxCreateFailures:
-			return nil, fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
+			return nil, fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.stream, err)
 		default:
 			// JetStream answers a configuration it will not take over ("ack policy
 			// can not be updated") and a passing state ("consumer closed", while its
@@ -331,8 +312,8 @@ func (c *Consumer) createDurable(ctx context.Context, b binding) (jetstream.Cons
 			// answer. Try again a few times, not-ready meanwhile: what persists is
 			// the configuration, and fails the consumer.
 			failures++
-			c.setHealth(fmt.Errorf("consumer %s: cannot create its durable consumer on stream %s yet: %w", c.cfg.Name, c.cfg.Stream, err))
-			c.log.WarnContext(ctx, "consumer: creating the durable consumer failed; retrying", "stream", c.cfg.Stream, "err", err)
+			c.setHealth(fmt.Errorf("consumer %s: cannot create its durable consumer on stream %s yet: %w", c.cfg.Name, c.stream, err))
+			c.log.WarnContext(ctx, "consumer: creating the durable consumer failed; retrying", "stream", c.stream, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -388,8 +369,8 @@ func (c *Consumer) register(ctx context.Context) (binding, error) {
 		if err == nil {
 			if names := b.reg.LikelyRenamedFrom; len(names) > 0 {
 				c.log.WarnContext(ctx, "consumer: new to this installation, with the stream and filter of consumers not seen lately: if this is a rename, "+
-					"stop this consumer and rename the old one instead (reconcile.Rename; worker consumers rename OLD NEW) so it keeps its inbox; "+
-					"otherwise forget the old ones (reconcile.Forget), or every intent they read waits for them",
+					"stop this consumer and rename the old one instead (registry.Rename; worker consumers rename OLD NEW) so it keeps its inbox; "+
+					"otherwise forget the old ones (registry.Forget), or every intent they read waits for them",
 					"not_seen_lately", names)
 			}
 			return b, nil
@@ -410,7 +391,7 @@ func (c *Consumer) register(ctx context.Context) (binding, error) {
 func (c *Consumer) registerOnce(ctx context.Context) (binding, error) {
 	var b binding
 	var err error
-	if b.installation, err = installation.Of(ctx, c.pool, c.cfg.Schema); err != nil {
+	if b.installation, err = c.inst.Identify(ctx); err != nil {
 		return b, err
 	}
 	if c.cfg.Start == StartNew {
@@ -420,20 +401,20 @@ func (c *Consumer) registerOnce(ctx context.Context) (binding, error) {
 			return b, err
 		}
 	}
-	b.reg, err = reconcile.Register(ctx, c.pool, c.cfg.Schema, reconcile.Consumer{
-		Name: c.cfg.Name, Stream: c.cfg.Stream, FilterSubject: c.cfg.Subject,
+	b.reg, err = registry.Register(ctx, c.pool, c.inst.Schema(), registry.Consumer{
+		Name: c.cfg.Name, Stream: c.stream, FilterSubject: c.cfg.Subject,
 		KeyLifetime: c.cfg.KeyLifetime, Redelivery: c.cfg.RedeliveryHorizon()}, c.cfg.Start == StartNew)
 	return b, err
 }
 
 // lastSeq is the stream's last sequence (0 when it does not exist yet).
 func (c *Consumer) lastSeq(ctx context.Context) (uint64, error) {
-	st, err := c.js.Stream(ctx, c.cfg.Stream)
+	st, err := c.js.Stream(ctx, c.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("consumer %s: stream %s: %w", c.cfg.Name, c.cfg.Stream, err)
+		return 0, fmt.Errorf("consumer %s: stream %s: %w", c.cfg.Name, c.stream, err)
 	}
 	return st.CachedInfo().State.LastSeq, nil
 }
@@ -530,7 +511,7 @@ func (f *fetcher) watch(ctx context.Context) {
 			c.log.WarnContext(ctx, "consumer: cannot check the durable consumer", "err", err)
 		}
 		if time.Since(lastSeen) > time.Minute {
-			if err := reconcile.Seen(ctx, c.pool, c.cfg.Schema, c.cfg.Name); err == nil {
+			if err := registry.Seen(ctx, c.pool, c.inst.Schema(), c.cfg.Name); err == nil {
 				lastSeen = time.Now()
 			}
 		}
@@ -546,8 +527,8 @@ func (f *fetcher) recreate(ctx context.Context) {
 	jc, err := c.bind(ctx, f.binding)
 	if err != nil {
 		if ctx.Err() == nil {
-			c.setHealth(fmt.Errorf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated: %w", c.cfg.Name, c.cfg.Stream, err))
-			c.log.ErrorContext(ctx, "consumer: durable consumer missing; recreating it failed", "stream", c.cfg.Stream, "err", err)
+			c.setHealth(fmt.Errorf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated: %w", c.cfg.Name, c.stream, err))
+			c.log.ErrorContext(ctx, "consumer: durable consumer missing; recreating it failed", "stream", c.stream, "err", err)
 		}
 		return
 	}
@@ -556,7 +537,7 @@ func (f *fetcher) recreate(ctx context.Context) {
 		return
 	}
 	c.setHealth(nil)
-	c.log.WarnContext(ctx, "consumer: subscription was stopped (its durable consumer went missing); resumed it on the durable consumer (a new one delivers again what the stream holds from the consumer's start, which the inbox folds; what the stream lost, the reconciler re-drives)", "stream", c.cfg.Stream)
+	c.log.WarnContext(ctx, "consumer: subscription was stopped (its durable consumer went missing); resumed it on the durable consumer (a new one delivers again what the stream holds from the consumer's start, which the inbox folds; what the stream lost, the reconciler re-drives)", "stream", c.stream)
 }
 
 // process takes fetched messages from delivery to settlement: decode (poison is
@@ -573,7 +554,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 		}
 		if !idem.IsReplayFor(d.Headers[idem.HeaderReplayFor], c.cfg.Name) {
 			c.ack(ctx, d)
-			c.observe(OutcomeSkipped, 1, 0)
+			c.observe(idem.OutcomeSkipped, 1, 0)
 			continue
 		}
 		ds = append(ds, d)

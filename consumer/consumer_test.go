@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/consumer"
@@ -173,16 +175,16 @@ func TestSameKeyDistinctMsgIDsLandsOnce(t *testing.T) {
 	b.start(t, cfg)
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "all 3 copies settled", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed)+b.out.Get(consumer.OutcomeDuplicate) >= 3 && drained()
+		return b.out.Get(idem.OutcomeProcessed)+b.out.Get(idem.OutcomeDuplicate) >= 3 && drained()
 	})
 	if n := b.env.Effects(t, "k-three"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
 	}
-	if n := b.out.Get(consumer.OutcomeProcessed); n != 1 {
+	if n := b.out.Get(idem.OutcomeProcessed); n != 1 {
 		t.Errorf("processed = %d, want 1", n)
 	}
 	// At least: a copy redelivered after its AckWait under load folds once more.
-	if got := b.out.Get(consumer.OutcomeDuplicate); got < 2 {
+	if got := b.out.Get(idem.OutcomeDuplicate); got < 2 {
 		t.Errorf("duplicates folded = %d, want at least 2", got)
 	}
 }
@@ -201,15 +203,15 @@ func TestSameKeyInOneBatchLandsOnce(t *testing.T) {
 	b.start(t, cfg)
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "every copy settled", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed)+b.out.Get(consumer.OutcomeDuplicate) >= 4 && drained()
+		return b.out.Get(idem.OutcomeProcessed)+b.out.Get(idem.OutcomeDuplicate) >= 4 && drained()
 	})
-	if n := b.out.Get(consumer.OutcomeProcessed); n != 2 {
+	if n := b.out.Get(idem.OutcomeProcessed); n != 2 {
 		t.Errorf("processed = %d, want 2", n)
 	}
 	if n, m := b.env.Effects(t, "k-batch"), b.env.Effects(t, "k-other"); n != 1 || m != 1 {
 		t.Fatalf("effects k-batch=%d k-other=%d, want 1 and 1", n, m)
 	}
-	if got := b.out.Get(consumer.OutcomeDuplicate); got < 2 {
+	if got := b.out.Get(idem.OutcomeDuplicate); got < 2 {
 		t.Errorf("duplicates folded = %d, want at least 2", got)
 	}
 }
@@ -225,7 +227,7 @@ func TestWithoutInboxClaimCopiesDouble(t *testing.T) {
 	cfg.BatchSize = 1 // one copy per transaction, as three separate deliveries would be
 	b.startCtx(t, faults.With(context.Background(), faults.New().Switch(faults.SkipInboxClaim)), cfg)
 	testenv.Eventually(t, 45*time.Second, "3 deliveries processed", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) >= 3
+		return b.out.Get(idem.OutcomeProcessed) >= 3
 	})
 	if n := b.env.Effects(t, "k-unsafe"); n < 3 {
 		t.Fatalf("effects without the claim = %d, want at least 3 (the negative control must double)", n)
@@ -252,22 +254,22 @@ func TestRedeliveryAfterCommitBeforeAckIsDuplicate(t *testing.T) {
 	if n := b.env.Effects(t, "k-crash"); n != 1 {
 		t.Fatalf("after the crash: effects = %d, want 1 (committed)", n)
 	}
-	if n := b.out.Get(consumer.OutcomeAbandoned); n < 1 {
+	if n := b.out.Get(idem.OutcomeAbandoned); n < 1 {
 		t.Errorf("abandoned outcomes = %d, want at least 1", n)
 	}
 
 	b.start(t, b.config()) // the next worker, same durable consumer
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "the redelivery settled", func() bool {
-		return b.out.Get(consumer.OutcomeDuplicate)+b.out.Get(consumer.OutcomeProcessed) >= 1 && drained()
+		return b.out.Get(idem.OutcomeDuplicate)+b.out.Get(idem.OutcomeProcessed) >= 1 && drained()
 	})
 	if n := b.env.Effects(t, "k-crash"); n != 1 {
 		t.Fatalf("after redelivery: effects = %d, want 1", n)
 	}
-	if n := b.out.Get(consumer.OutcomeDuplicate); n < 1 {
+	if n := b.out.Get(idem.OutcomeDuplicate); n < 1 {
 		t.Errorf("duplicates = %d, want the redelivery folded", n)
 	}
-	if n := b.out.Get(consumer.OutcomeProcessed); n != 0 {
+	if n := b.out.Get(idem.OutcomeProcessed); n != 0 {
 		t.Errorf("processed outcomes = %d, want 0: the only commit was abandoned before its ack", n)
 	}
 }
@@ -294,7 +296,7 @@ func TestCrashBeforeCommitLosesClaimAndEffect(t *testing.T) {
 	b.startCtx(t, ctx, b.config())
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "the redelivery processed", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 1 && drained()
+		return b.out.Get(idem.OutcomeProcessed) == 1 && drained()
 	})
 	if n := seenBefore.Load(); n != 0 {
 		t.Errorf("rows visible before the commit = %d, want 0", n)
@@ -302,7 +304,7 @@ func TestCrashBeforeCommitLosesClaimAndEffect(t *testing.T) {
 	if n := b.env.Effects(t, "k-before"); n != 1 {
 		t.Fatalf("effects = %d, want 1: the rolled-back attempt left nothing, the redelivery ran once", n)
 	}
-	if n := b.out.Get(consumer.OutcomeAbandoned); n != 1 {
+	if n := b.out.Get(idem.OutcomeAbandoned); n != 1 {
 		t.Errorf("abandoned outcomes = %d, want 1 (the rolled-back attempt, left for its AckWait)", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-before'`); n != 1 {
@@ -336,7 +338,7 @@ func TestTwoWorkersRacingOnRedeliveries(t *testing.T) {
 	b.startCtx(t, ctx, cfg)
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 60*time.Second, "every copy acked", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed)+b.out.Get(consumer.OutcomeDuplicate) >= keys*copies &&
+		return b.out.Get(idem.OutcomeProcessed)+b.out.Get(idem.OutcomeDuplicate) >= keys*copies &&
 			b.env.DB.Count(t, `SELECT count(DISTINCT key) FROM test_effects`) == keys && drained()
 	})
 	if n := b.env.AllEffects(t); n != keys {
@@ -345,10 +347,10 @@ func TestTwoWorkersRacingOnRedeliveries(t *testing.T) {
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM (SELECT 1 FROM test_effects GROUP BY key HAVING count(*) > 1) d`); n != 0 {
 		t.Fatalf("%d keys have more than one effect", n)
 	}
-	if n := b.out.Get(consumer.OutcomeAbandoned); n == 0 {
+	if n := b.out.Get(idem.OutcomeAbandoned); n == 0 {
 		t.Error("no batch was abandoned: the race was not exercised")
 	}
-	t.Logf("processed=%d duplicates=%d abandoned=%d", b.out.Get(consumer.OutcomeProcessed), b.out.Get(consumer.OutcomeDuplicate), b.out.Get(consumer.OutcomeAbandoned))
+	t.Logf("processed=%d duplicates=%d abandoned=%d", b.out.Get(idem.OutcomeProcessed), b.out.Get(idem.OutcomeDuplicate), b.out.Get(idem.OutcomeAbandoned))
 }
 
 // idem's tables in a schema of their own, end to end: keys are claimed and poison
@@ -373,7 +375,7 @@ func TestConsumerInOtherSchema(t *testing.T) {
 	testenv.Go(t, "consumer", c.Run)
 	drained := env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "every message settled", func() bool {
-		return out.Get(consumer.OutcomeProcessed)+out.Get(consumer.OutcomeDuplicate) >= 3 && out.Get(consumer.OutcomeDeadLettered) == 1 && drained()
+		return out.Get(idem.OutcomeProcessed)+out.Get(idem.OutcomeDuplicate) >= 3 && out.Get(idem.OutcomeDeadLettered) == 1 && drained()
 	})
 	if n := env.Effects(t, "k-schema"); n != 1 {
 		t.Fatalf("effects = %d, want 1: the inbox in %s must fold the copies", n, schema)

@@ -42,5 +42,5 @@ func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
 		c.log.WarnContext(ctx, "terminate failed; the redelivery will be dead-lettered again (once)", "key", d.Key, "err", err)
 	}
 	otelmsg.Failf(d.span, "dead-lettered: %s", truncate(reason, 200))
-	c.observe(OutcomeDeadLettered, 1, 0)
+	c.observe(idem.OutcomeDeadLettered, 1, 0)
 }

@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem"
+
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
@@ -45,7 +46,7 @@ func TestDeadLetterIdentitySurvivesARecreatedStream(t *testing.T) {
 		dead++
 		drained := b.env.Drained(t, effectName)
 		testenv.Eventually(t, 45*time.Second, what+": dead-lettered", func() bool {
-			return b.out.Get(consumer.OutcomeDeadLettered) >= dead && drained()
+			return b.out.Get(idem.OutcomeDeadLettered) >= dead && drained()
 		})
 		stop()
 	}

@@ -72,7 +72,7 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 	env.Publish(t, testenv.Subject, "k-shared", "k-shared", payload(7))
 	billingDrained, auditDrained := env.Drained(t, "billing"), env.Drained(t, "audit")
 	testenv.Eventually(t, 45*time.Second, "billing dead-lettered and audit processed", func() bool {
-		return billingOut.Get(consumer.OutcomeDeadLettered) == 1 && auditOut.Get(consumer.OutcomeProcessed) == 1 && billingDrained() && auditDrained()
+		return billingOut.Get(idem.OutcomeDeadLettered) == 1 && auditOut.Get(idem.OutcomeProcessed) == 1 && billingDrained() && auditDrained()
 	})
 	effects := func(name string) int { return env.Effects(t, name+"/k-shared") }
 	if effects("audit") != 1 || effects("billing") != 0 {
@@ -99,8 +99,8 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 		t.Errorf("replayed outbox rows naming billing in %s = %d, want 1", idem.HeaderReplayFor, n)
 	}
 	testenv.Eventually(t, 45*time.Second, "the replay settled at both consumers", func() bool {
-		return billingOut.Get(consumer.OutcomeProcessed) == 1 &&
-			auditOut.Get(consumer.OutcomeProcessed)+auditOut.Get(consumer.OutcomeSkipped) >= 2 &&
+		return billingOut.Get(idem.OutcomeProcessed) == 1 &&
+			auditOut.Get(idem.OutcomeProcessed)+auditOut.Get(idem.OutcomeSkipped) >= 2 &&
 			billingDrained() && auditDrained()
 	})
 	if n := effects("billing"); n != 1 {
@@ -109,10 +109,10 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 	if n := effects("audit"); n != 1 {
 		t.Errorf("audit effects after the replay = %d, want still 1: the replay was not meant for audit", n)
 	}
-	if n := auditOut.Get(consumer.OutcomeSkipped); n != 1 {
+	if n := auditOut.Get(idem.OutcomeSkipped); n != 1 {
 		t.Errorf("audit skipped %d messages, want the replay", n)
 	}
-	if n := billingOut.Get(consumer.OutcomeSkipped); n != 0 {
+	if n := billingOut.Get(idem.OutcomeSkipped); n != 0 {
 		t.Errorf("billing skipped %d messages, want 0", n)
 	}
 }
@@ -134,14 +134,14 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 	// The mismatch case: k-first is done, and its inbox row expires in 10 minutes.
 	b.env.Publish(t, testenv.Subject, "k-first", "k-first-1", payload(1))
 	testenv.Eventually(t, 45*time.Second, "poison dead-lettered, k-first processed", func() bool {
-		return b.out.Get(consumer.OutcomeDeadLettered) == 1 && b.out.Get(consumer.OutcomeProcessed) == 1
+		return b.out.Get(idem.OutcomeDeadLettered) == 1 && b.out.Get(idem.OutcomeProcessed) == 1
 	})
 	var firstExpires time.Time
 	if err := b.env.DB.Pool.QueryRow(ctx, `UPDATE idem_inbox SET expires_at = now() + interval '10 minutes' WHERE key = 'k-first' RETURNING expires_at`).Scan(&firstExpires); err != nil {
 		t.Fatal(err)
 	}
 	b.env.Publish(t, testenv.Subject, "k-first", "k-first-2", payload(2))
-	testenv.Eventually(t, 45*time.Second, "mismatch dead-lettered", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 2 })
+	testenv.Eventually(t, 45*time.Second, "mismatch dead-lettered", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 2 })
 
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-poison' AND inbox_expires_at = created_at + interval '1 hour'`); n != 1 {
 		t.Fatalf("k-poison: %d dead letters with inbox_expires_at = created_at + KeyLifetime, want 1", n)

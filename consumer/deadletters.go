@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
 )
@@ -167,16 +167,10 @@ type DeadLetters struct {
 	outbox *outbox.Outbox
 }
 
-// NewDeadLetters returns the dead letters of schema (default "public") in pool.
-func NewDeadLetters(pool *pgxpool.Pool, schema string) (*DeadLetters, error) {
-	if err := pgschema.Validate(schema); err != nil {
-		return nil, fmt.Errorf("consumer: dead letters: %w", err)
-	}
-	ob, err := outbox.New(outbox.Config{Schema: schema})
-	if err != nil {
-		return nil, err
-	}
-	return &DeadLetters{pool: pool, q: store.New(schema).DeadLetters, outbox: ob}, nil
+// NewDeadLetters returns the dead letters of inst. It needs no NATS connection:
+// a replay goes through the outbox.
+func NewDeadLetters(inst *install.Installation) *DeadLetters {
+	return &DeadLetters{pool: inst.Pool(), q: inst.Store().DeadLetters, outbox: outbox.New(inst)}
 }
 
 // List returns up to limit dead letters (limit <= 0: all), replayed or not, newest

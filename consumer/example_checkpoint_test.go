@@ -369,7 +369,7 @@ func ExampleEffect_Checkpoint() {
 		External: &chargeHandler{baseURL: srv.URL, client: srv.Client()},
 		Backoff:  func(int) time.Duration { return 100 * time.Millisecond }, // retry soon, for the example
 		Observer: func(e idem.Event) {
-			if e.Outcome == consumer.OutcomeProcessed {
+			if e.Outcome == idem.OutcomeProcessed {
 				once.Do(func() { close(charged) })
 			}
 		},

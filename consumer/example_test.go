@@ -67,7 +67,7 @@ func ExampleHandler() {
 			mu.Lock()
 			defer mu.Unlock()
 			settled[e.Outcome] += e.Count
-			if settled[consumer.OutcomeProcessed]+settled[consumer.OutcomeDuplicate] >= 2 {
+			if settled[idem.OutcomeProcessed]+settled[idem.OutcomeDuplicate] >= 2 {
 				once.Do(func() { close(bothSettled) })
 			}
 		},
@@ -105,7 +105,7 @@ func ExampleHandler() {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	fmt.Println("processed:", settled[consumer.OutcomeProcessed], "duplicates:", settled[consumer.OutcomeDuplicate])
+	fmt.Println("processed:", settled[idem.OutcomeProcessed], "duplicates:", settled[idem.OutcomeDuplicate])
 	fmt.Println("handler runs:", runs.Load())
 	fmt.Println("ledger rows:", rows)
 	// Output:

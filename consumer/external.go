@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkit/idem"
+
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/faults"
 )
@@ -112,7 +114,7 @@ func (c *Consumer) perform(ctx context.Context, d *Delivery) {
 	case dedupe.LeaseDone:
 		c.log.DebugContext(ctx, "duplicate folded", "key", d.Key, "deliveries", d.Deliveries)
 		c.ack(ctx, d)
-		c.observe(OutcomeDuplicate, 1, 0)
+		c.observe(idem.OutcomeDuplicate, 1, 0)
 	case dedupe.LeaseMismatch:
 		c.deadLetter(ctx, d, reasonMismatch)
 	case dedupe.LeaseBusy:
@@ -124,7 +126,7 @@ func (c *Consumer) perform(ctx context.Context, d *Delivery) {
 		delay := min(lr.RetryIn, c.cfg.LeaseFor) + c.cfg.LeaseFor/10
 		c.log.DebugContext(ctx, "key leased by another worker; backing off", "key", d.Key, "retry_in", delay)
 		_ = d.raw.NakWithDelay(delay)
-		c.observe(OutcomeBusy, 1, 0)
+		c.observe(idem.OutcomeBusy, 1, 0)
 	case dedupe.LeaseAcquired:
 		c.performLeased(ctx, d, lr, sent)
 	default:
@@ -170,7 +172,7 @@ func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.Lea
 			// As if the worker died here: the lease is neither completed nor
 			// released nor extended, and the message neither acked nor naked.
 			c.log.WarnContext(ctx, "delivery abandoned after the effect, before its outcome was recorded (fault point)", "key", d.Key, "err", ferr)
-			c.observe(OutcomeAbandoned, 1, 0)
+			c.observe(idem.OutcomeAbandoned, 1, 0)
 			return
 		}
 	}

@@ -122,7 +122,7 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 
 	drained := b.env.Drained(t, extName)
 	testenv.Eventually(t, 45*time.Second, "both keys completed and all 4 messages acked", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 2 && drained()
+		return b.out.Get(idem.OutcomeProcessed) == 2 && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
 		t.Fatalf("effects for k-once = %d, want 1", n)
@@ -136,10 +136,10 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 	}
 
 	// A late copy (a relay re-publish, a dead-letter replay) is a duplicate too.
-	dups := b.out.Get(consumer.OutcomeDuplicate)
+	dups := b.out.Get(idem.OutcomeDuplicate)
 	b.env.Publish(t, testenv.Subject, "k-once", "late-copy", []byte("a@example.com"))
 	testenv.Eventually(t, 45*time.Second, "the late copy folded", func() bool {
-		return b.out.Get(consumer.OutcomeDuplicate) > dups && drained()
+		return b.out.Get(idem.OutcomeDuplicate) > dups && drained()
 	})
 	if n := log.count("k-once"); n != 1 {
 		t.Fatalf("effects for k-once after a late copy = %d, want 1", n)
@@ -178,13 +178,13 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-slow' AND status = 'leased'
 			AND lease_until > created_at + interval '1800 milliseconds'`) == 1
 	})
-	if n := b.out.Get(consumer.OutcomeBusy); n != 0 {
+	if n := b.out.Get(idem.OutcomeBusy); n != 0 {
 		t.Fatalf("the holder's own message came back %d times while it was being performed: heartbeats missing", n)
 	}
 
 	b.env.Publish(t, testenv.Subject, "k-slow", "copy", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the copy to back off twice", func() bool {
-		return b.out.Get(consumer.OutcomeBusy) >= 2
+		return b.out.Get(idem.OutcomeBusy) >= 2
 	})
 	if n := log.count("k-slow"); n != 1 {
 		t.Fatalf("effects while the first was still sending = %d, want 1", n)
@@ -192,7 +192,7 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 
 	close(release)
 	testenv.Eventually(t, 45*time.Second, "first processed and copy folded", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 1 && b.out.Get(consumer.OutcomeDuplicate) == 1
+		return b.out.Get(idem.OutcomeProcessed) == 1 && b.out.Get(idem.OutcomeDuplicate) == 1
 	})
 	if n := log.count("k-slow"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
@@ -227,7 +227,7 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 
 	b.start(t, cfg) // the next worker, same durable consumer
 	testenv.Eventually(t, 45*time.Second, "the takeover to complete", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 1
+		return b.out.Get(idem.OutcomeProcessed) == 1
 	})
 	calls := log.of("k-died")
 	if len(calls) != 2 {
@@ -240,12 +240,12 @@ func TestExternalExpiredLeaseReRunsWithSameKey(t *testing.T) {
 	if status != "done" || string(result) != `{"attempt":2}` || attempts != 2 {
 		t.Fatalf("inbox row = %s %q attempts %d, want done with the takeover's result", status, result, attempts)
 	}
-	t.Logf("busy back-offs while the dead worker's lease ran out: %d", b.out.Get(consumer.OutcomeBusy))
+	t.Logf("busy back-offs while the dead worker's lease ran out: %d", b.out.Get(idem.OutcomeBusy))
 
 	// Completed: a later copy is folded without a third effect.
 	b.env.Publish(t, testenv.Subject, "k-died", "later", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the later copy folded", func() bool {
-		return b.out.Get(consumer.OutcomeDuplicate) == 1
+		return b.out.Get(idem.OutcomeDuplicate) == 1
 	})
 	if n := log.count("k-died"); n != 2 {
 		t.Fatalf("effects after completion = %d, want still 2", n)
@@ -281,7 +281,7 @@ func TestExternalFailureResumesFromCheckpoint(t *testing.T) {
 	b.start(t, cfg)
 	b.env.Publish(t, testenv.Subject, "k-steps", "k-steps", []byte("x"))
 	testenv.Eventually(t, 45*time.Second, "the retry to complete", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 1
+		return b.out.Get(idem.OutcomeProcessed) == 1
 	})
 	if stepOne.Load() != 1 || stepTwo.Load() != 1 {
 		t.Fatalf("step one ran %d times, step two %d; want 1 and 1", stepOne.Load(), stepTwo.Load())
@@ -289,8 +289,8 @@ func TestExternalFailureResumesFromCheckpoint(t *testing.T) {
 	if calls := log.of("k-steps"); len(calls) != 2 || calls[1].step != "one" {
 		t.Fatalf("attempts %+v: want 2, the second resuming after step one", calls)
 	}
-	if b.out.Get(consumer.OutcomeFailed) != 1 {
-		t.Errorf("failed outcomes = %d, want 1", b.out.Get(consumer.OutcomeFailed))
+	if b.out.Get(idem.OutcomeFailed) != 1 {
+		t.Errorf("failed outcomes = %d, want 1", b.out.Get(idem.OutcomeFailed))
 	}
 }
 
@@ -342,7 +342,7 @@ func TestExternalPoisonIsDeadLettered(t *testing.T) {
 
 	drained := b.env.Drained(t, extName)
 	testenv.Eventually(t, 45*time.Second, "all good processed and every message settled", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == len(cases)+1 && drained()
+		return b.out.Get(idem.OutcomeProcessed) == len(cases)+1 && drained()
 	})
 	for _, tc := range cases {
 		n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = $1 AND key = $2 AND reason LIKE $3 || '%'`, extName, tc.key, tc.reason)
@@ -389,7 +389,7 @@ func TestExternalContinuesProducerTrace(t *testing.T) {
 	}
 	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "the traced message processed", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 1 && len(rec.Ended()) == 1
+		return b.out.Get(idem.OutcomeProcessed) == 1 && len(rec.Ended()) == 1
 	})
 	if got, _ := seen.Load().(string); got != traceID {
 		t.Errorf("Perform's trace id = %q, want the producer's %s", got, traceID)
@@ -430,7 +430,7 @@ func TestFailedEffectFailsItsSpan(t *testing.T) {
 	}
 	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "the refused message dead-lettered and its span ended", func() bool {
-		return b.out.Get(consumer.OutcomeDeadLettered) == 1 && len(rec.Ended()) == 1
+		return b.out.Get(idem.OutcomeDeadLettered) == 1 && len(rec.Ended()) == 1
 	})
 	sp := rec.Ended()[0]
 	if sp.Status().Code != codes.Error || !strings.Contains(sp.Status().Description, "dead-lettered") {

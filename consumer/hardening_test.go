@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
@@ -85,7 +87,7 @@ func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
 	if n := b.env.DB.Count(t, `SELECT count(DISTINCT key) FROM test_effects`); n != 20 {
 		t.Fatalf("distinct effects = %d, want 20", n)
 	}
-	if n := b.out.Get(consumer.OutcomeFailed); n != 0 {
+	if n := b.out.Get(idem.OutcomeFailed); n != 0 {
 		t.Errorf("%d naks while the database was down, want none: the consumer waits, it does not storm", n)
 	}
 }
@@ -115,12 +117,12 @@ func TestDatabaseOutageDelaysAnExternalEffect(t *testing.T) {
 	time.Sleep(4 * time.Second) // the outage
 	proxy.Restore()
 	testenv.Eventually(t, 45*time.Second, "the effect performed after the outage", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 1
+		return b.out.Get(idem.OutcomeProcessed) == 1
 	})
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters`); n != 0 {
 		t.Fatalf("%d dead letters after a database outage", n)
 	}
-	if n := b.out.Get(consumer.OutcomeFailed); n != 0 {
+	if n := b.out.Get(idem.OutcomeFailed); n != 0 {
 		t.Errorf("%d naks while the database was down, want none: the consumer waits, it does not storm", n)
 	}
 	if n := performed.Load(); n != 1 {

@@ -27,8 +27,8 @@ func Partitioned(cfg Config, partitions int) ([]Config, error) {
 		return nil, fmt.Errorf("consumer %s: Partitioned: %d partitions", cfg.Name, partitions)
 	case strings.ContainsAny(cfg.Subject, "*>"):
 		return nil, fmt.Errorf("consumer %s: Partitioned: Subject %q must be the literal subject the partitions extend", cfg.Name, cfg.Subject)
-	case cfg.BatchSize > 1 || cfg.Concurrency > 1 || cfg.MaxAckPending > 1:
-		return nil, fmt.Errorf("consumer %s: Partitioned: a partition's consumer takes one message at a time; leave BatchSize, Concurrency and MaxAckPending zero", cfg.Name)
+	case cfg.BatchSize > 1 || cfg.Concurrency > 1:
+		return nil, fmt.Errorf("consumer %s: Partitioned: a partition's consumer takes one message at a time; leave BatchSize and Concurrency zero", cfg.Name)
 	}
 	out := make([]Config, partitions)
 	for p := range out {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/consumer"
@@ -81,9 +83,9 @@ func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "every message settled", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed)+b.out.Get(consumer.OutcomeDeadLettered) >= 2*len(cases)+1 && drained()
+		return b.out.Get(idem.OutcomeProcessed)+b.out.Get(idem.OutcomeDeadLettered) >= 2*len(cases)+1 && drained()
 	})
-	if n := b.out.Get(consumer.OutcomeProcessed); n != len(cases)+1 {
+	if n := b.out.Get(idem.OutcomeProcessed); n != len(cases)+1 {
 		t.Errorf("processed = %d, want the %d good messages", n, len(cases)+1)
 	}
 	for _, tc := range cases {
@@ -92,7 +94,7 @@ func TestPoisonIsDeadLetteredWhileTrafficContinues(t *testing.T) {
 			t.Errorf("%s: %d dead letters with reason %q, want 1", tc.name, n, tc.reason)
 		}
 	}
-	if n := b.out.Get(consumer.OutcomeDeadLettered); n != len(cases) {
+	if n := b.out.Get(idem.OutcomeDeadLettered); n != len(cases) {
 		t.Errorf("dead-lettered outcomes = %d, want %d", n, len(cases))
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM test_effects WHERE key LIKE 'k-good-%'`); n != len(cases)+1 {
@@ -123,12 +125,12 @@ func TestFailingHandlerDeadLettersAfterMaxDeliver(t *testing.T) {
 	})
 	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "dead letter after 3 deliveries", func() bool {
-		return b.out.Get(consumer.OutcomeDeadLettered) == 1
+		return b.out.Get(idem.OutcomeDeadLettered) == 1
 	})
 	if n := calls.Load(); n != 3 {
 		t.Errorf("handler calls = %d, want 3 (MaxDeliver)", n)
 	}
-	if n := b.out.Get(consumer.OutcomeFailed); n != 2 {
+	if n := b.out.Get(idem.OutcomeFailed); n != 2 {
 		t.Errorf("failed outcomes = %d, want 2 (the attempts before the last)", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-flaky' AND deliveries = 3 AND reason LIKE '%downstream unavailable%'`); n != 1 {
@@ -162,7 +164,7 @@ func TestOneFailureDoesNotSinkItsBatch(t *testing.T) {
 	b.start(t, cfg)
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "4 processed and every message settled", func() bool {
-		return b.out.Get(consumer.OutcomeProcessed) == 4 && drained()
+		return b.out.Get(idem.OutcomeProcessed) == 4 && drained()
 	})
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'b-bad'`); n != 1 {
 		t.Errorf("dead letters for b-bad = %d, want 1", n)
@@ -194,7 +196,7 @@ func TestDataTheDatabaseRefusesIsDeadLetteredAtOnce(t *testing.T) {
 		return nil, err
 	})
 	b.start(t, cfg)
-	testenv.Eventually(t, 45*time.Second, "dead-lettered", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 1 })
+	testenv.Eventually(t, 45*time.Second, "dead-lettered", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
 	if n := calls.Load(); n != 1 {
 		t.Errorf("handler calls = %d, want 1: a data error is not retried", n)
 	}

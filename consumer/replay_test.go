@@ -53,7 +53,7 @@ func TestReplayDeadLetter(t *testing.T) {
 		return effectThen(ctx, tx, d, nil)
 	})
 	b.start(t, cfg)
-	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 1 })
+	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
 
 	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
 	if err != nil {
@@ -84,7 +84,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if n, err := relay.Drain(ctx); err != nil || n != 1 {
 		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
 	}
-	testenv.Eventually(t, 45*time.Second, "replay processed", func() bool { return b.out.Get(consumer.OutcomeProcessed) == 1 })
+	testenv.Eventually(t, 45*time.Second, "replay processed", func() bool { return b.out.Get(idem.OutcomeProcessed) == 1 })
 	if n := b.env.Effects(t, "k-replay"); n != 1 {
 		t.Fatalf("effects after replay = %d, want 1", n)
 	}
@@ -98,12 +98,12 @@ func TestReplayDeadLetter(t *testing.T) {
 	}
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "second replay settled", func() bool {
-		return b.out.Get(consumer.OutcomeDuplicate)+b.out.Get(consumer.OutcomeProcessed) >= 2 && drained()
+		return b.out.Get(idem.OutcomeDuplicate)+b.out.Get(idem.OutcomeProcessed) >= 2 && drained()
 	})
 	if n := b.env.Effects(t, "k-replay"); n != 1 {
 		t.Fatalf("effects after a second replay = %d, want 1", n)
 	}
-	if n := b.out.Get(consumer.OutcomeDuplicate); n < 1 {
+	if n := b.out.Get(idem.OutcomeDuplicate); n < 1 {
 		t.Errorf("duplicates = %d, want the second replay folded", n)
 	}
 	// Both replays reached the stream: the original and two generations.
@@ -129,7 +129,7 @@ func TestReplayRefusesKeylessDeadLetter(t *testing.T) {
 	b := setup(t)
 	b.env.Publish(t, testenv.Subject, "", "no-key", payload(1))
 	b.start(t, b.config())
-	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(consumer.OutcomeDeadLettered) == 1 })
+	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
 	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
 	if err != nil {
 		t.Fatal(err)

@@ -17,13 +17,7 @@ import (
 )
 
 func (c *Consumer) ack(ctx context.Context, d *Delivery) {
-	var err error
-	if c.cfg.DoubleAck {
-		err = d.raw.DoubleAck(ctx)
-	} else {
-		err = d.raw.Ack()
-	}
-	if err != nil {
+	if err := d.raw.Ack(); err != nil {
 		// Harmless for correctness: the redelivery will be folded by the inbox.
 		c.log.WarnContext(ctx, "ack failed; the redelivery will be a duplicate", "key", d.Key, "err", err)
 	}
@@ -60,29 +54,29 @@ func dataError(err error) bool {
 // retryLater hands d back to the broker for redelivery after delay.
 func (c *Consumer) retryLater(d *Delivery, delay time.Duration) {
 	_ = d.raw.NakWithDelay(delay)
-	c.observe(OutcomeFailed, 1, 0)
+	c.observe(idem.OutcomeFailed, 1, 0)
 }
 
 // observeProcessed reports deliveries whose effect committed at committed: the
 // batch's duration, the part of it in handlers, and each message's end-to-end
 // latency from its outbox row (idem.HeaderEnqueuedAt), when it has one.
 func (c *Consumer) observeProcessed(ds []*Delivery, took, handlers time.Duration, committed time.Time) {
-	if len(ds) == 0 || c.cfg.Observer == nil {
+	if len(ds) == 0 || c.observer == nil {
 		return // no latencies to compute for nobody
 	}
-	e := idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: OutcomeProcessed,
+	e := idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: idem.OutcomeProcessed,
 		Count: len(ds), Duration: took, HandlerDuration: handlers}
 	for _, d := range ds {
 		if !d.EnqueuedAt.IsZero() {
 			e.EndToEnd = append(e.EndToEnd, committed.Sub(d.EnqueuedAt))
 		}
 	}
-	c.cfg.Observer.Observe(e)
+	c.observer.Observe(e)
 }
 
-func (c *Consumer) observe(outcome string, n int, took time.Duration) {
+func (c *Consumer) observe(outcome idem.Outcome, n int, took time.Duration) {
 	if n > 0 {
-		c.cfg.Observer.Observe(idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: outcome, Count: n, Duration: took})
+		c.observer.Observe(idem.Event{Component: idem.ComponentConsumer, Name: c.cfg.Name, Outcome: outcome, Count: n, Duration: took})
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
 )
@@ -21,12 +22,6 @@ import (
 // DefaultLifetime is how long an inbox key is remembered by default. It must outlast
 // every window in which the intent can be delivered again; see Lifetimes.
 const DefaultLifetime = 72 * time.Hour
-
-// Config says where the inbox lives. The zero value means the defaults.
-type Config struct {
-	// Schema is the Postgres schema holding idem_inbox (default "public").
-	Schema string
-}
 
 // Inbox is the idem_inbox table of one schema. It holds no connection: every method
 // takes the transaction or pool it runs on. It is safe for concurrent use.
@@ -75,14 +70,11 @@ func (in *Inbox) relearnLayout(err error) {
 	}
 }
 
-// New returns the inbox in cfg.Schema. The inbox learns on its first claim
-// whether the table is partitioned (package partition) and claims accordingly, so
-// use one Inbox per database.
-func New(cfg Config) (*Inbox, error) {
-	if err := pgschema.Validate(cfg.Schema); err != nil {
-		return nil, fmt.Errorf("dedupe: %w", err)
-	}
-	return &Inbox{q: store.New(cfg.Schema).Inbox, schema: cfg.Schema}, nil
+// New returns the inbox of inst. The inbox learns on its first claim whether the
+// table is partitioned (`worker partition`) and claims accordingly, so use one
+// Inbox per installation.
+func New(inst *install.Installation) *Inbox {
+	return &Inbox{q: inst.Store().Inbox, schema: inst.Schema()}
 }
 
 // fingerprint is the SHA-256 of a payload: what a key was first seen with.

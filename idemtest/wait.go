@@ -89,7 +89,7 @@ func (ck *check) durableState(ctx context.Context) string {
 type counts map[string]int
 
 func (c counts) settled() int {
-	return c[consumer.OutcomeProcessed] + c[consumer.OutcomeDuplicate] + c[consumer.OutcomeDeadLettered]
+	return c[idem.OutcomeProcessed] + c[idem.OutcomeDuplicate] + c[idem.OutcomeDeadLettered]
 }
 
 func (c counts) String() string {

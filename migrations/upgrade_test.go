@@ -11,9 +11,9 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/migrations"
-	"github.com/idemkit/idem/internal/partition"
 )
 
 // applyUpTo applies the embedded migrations up to and including version last, as

@@ -7,79 +7,60 @@ import (
 	"fmt"
 	"maps"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/otelmsg"
-	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/wake"
 )
 
-// Config configures an Outbox. The zero value of every field means its default.
-type Config struct {
-	// Schema is the Postgres schema holding idem_outbox (default "public").
-	Schema string
-	// Subjects are the subject filters of the stream the relay publishes to, e.g.
-	// []string{"orders.>"}. Enqueue refuses a message whose subject matches none of
-	// them: no stream would store it, and it would be retried forever. Empty
-	// accepts any literal subject.
-	Subjects []string
-	// MaxPayload is the largest message the broker takes, payload plus headers, as
-	// NATS counts it (the server's max_payload, nats.Conn.MaxPayload; the worker
-	// fills it in). Enqueue refuses a bigger message with ErrTooLarge before
-	// anything is written: the relay could never publish it. Zero: no check.
-	MaxPayload int64
-	// Stream is the stream the relay expects its publishes to land in
-	// (RelayConfig.Stream), if any: its name travels in a header, which the size
-	// check counts.
-	Stream string
-	// TracerProvider makes a producer span per message enqueued ("enqueue
-	// <subject>", OpenTelemetry messaging conventions), whose trace context the
-	// message carries (default: the global provider, otel.GetTracerProvider). The
-	// context travels through the global propagator (otel.SetTextMapPropagator).
-	TracerProvider trace.TracerProvider
-}
-
-// ErrTooLarge is returned (wrapped) by Enqueue for a message bigger than
-// Config.MaxPayload. An HTTP ingress answers it with 413.
+// ErrTooLarge is returned (wrapped) by Enqueue for a message bigger than the
+// broker's max_payload. An HTTP ingress answers it with 413.
 var ErrTooLarge = errors.New("outbox: message larger than the broker's max_payload")
 
-func (c Config) validate() error {
-	if err := pgschema.Validate(c.Schema); err != nil {
-		return fmt.Errorf("outbox: %w", err)
-	}
-	if c.MaxPayload < 0 {
-		return fmt.Errorf("outbox: MaxPayload %d is negative", c.MaxPayload)
-	}
-	for _, f := range c.Subjects {
-		if err := idem.ValidateFilter(f); err != nil {
-			return fmt.Errorf("outbox: Subjects: %w", err)
-		}
-	}
-	return nil
-}
-
-// Outbox writes messages into idem_outbox inside the caller's transactions. It holds
-// no connection and is safe for concurrent use.
+// Outbox writes messages into an installation's idem_outbox inside the caller's
+// transactions. It holds no connection and is safe for concurrent use.
 type Outbox struct {
-	cfg     Config
-	q       store.Outbox
-	channel string
-	wake    waker
-	tracer  trace.Tracer
+	// subjects are the stream's: Enqueue refuses a message whose subject matches
+	// none of them, since no stream would store it and it would be retried forever.
+	subjects []string
+	// maxPayload is the largest message the broker takes, payload plus headers,
+	// as NATS counts it (the server's max_payload): Enqueue refuses a bigger one
+	// with ErrTooLarge before anything is written. Zero: no check.
+	maxPayload int64
+	// stream is the stream the relay expects its publishes to land in: its name
+	// travels in a header, which the size check counts.
+	stream string
+	q      store.Outbox
+	pool   *pgxpool.Pool
+	wake   *wake.Waker
+	tracer trace.Tracer
 }
 
-// New returns an Outbox.
-func New(cfg Config) (*Outbox, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
+// RelayConsumer is the consumer name under which the relay files the dead letters
+// of messages the broker refused or that no consumer reads: the name to give
+// consumer.Filter to see or replay them.
+const RelayConsumer = store.RelayConsumer
+
+// New returns the outbox of inst: its stream's subjects and its broker's
+// max_payload bound what Enqueue accepts, and every Outbox of one Installation
+// wakes the same relays.
+func New(inst *install.Installation) *Outbox {
+	var maxPayload int64
+	if js := inst.JetStream(); js != nil {
+		maxPayload = js.Conn().MaxPayload()
 	}
-	cfg.Subjects = append([]string(nil), cfg.Subjects...)
-	return &Outbox{cfg: cfg, q: store.New(cfg.Schema).Outbox, channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}, nil
+	return &Outbox{
+		subjects: inst.Stream().Subjects, maxPayload: maxPayload, stream: inst.Stream().Name,
+		q: inst.Store().Outbox, pool: inst.Pool(), wake: inst.Waker(),
+		tracer: otelmsg.Tracer(inst.TracerProvider()),
+	}
 }
 
 // Enqueue writes msgs into the outbox inside the caller's transaction, in one
@@ -87,13 +68,13 @@ func New(cfg Config) (*Outbox, error) {
 // commit. The relay is woken by a NOTIFY that Postgres delivers at commit.
 //
 // Each message's Key must be a scoped key (idem.ScopedKey; producer.Intent.Enqueue
-// stamps it for you), its Subject a literal subject under Config.Subjects, its Name
+// stamps it for you), its Subject a literal subject under the stream's subjects, its Name
 // valid (idem.ValidateMessageName), and its Payload non-nil. One intent's messages
 // on one subject need distinct names, or a consumer folds them into one delivery.
 // Headers must be valid NATS headers and must not set the relay's own
 // (idem.SetByRelay): the relay derives them from the row, and a caller's own Msg-Id
 // would let the broker fold a different intent into this one.
-// Each message gets a producer span (Config.TracerProvider), whose trace context is
+// Each message gets a producer span (the installation's TracerProvider), whose trace context is
 // added to its headers through the global propagator.
 //
 // After an error the transaction is aborted (or the message was refused before any
@@ -137,7 +118,7 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, aga
 	if _, err := tx.Exec(ctx, rows.statement(o.q), rows.args()...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlNotify, o.channel); err != nil {
+	if _, err := tx.Exec(ctx, o.q.Notify, o.q.Channel); err != nil {
 		return fmt.Errorf("outbox: enqueue: notify: %w", err)
 	}
 	return nil
@@ -150,8 +131,8 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, aga
 //
 // It sends no NOTIFY, because a NOTIFY in a transaction serialises its commit with
 // every other notifying transaction's: call Wake once the transaction has
-// committed. A forgotten Wake costs latency (up to RelayConfig.PollInterval), never
-// a message. The producer middleware does all of this for its handlers.
+// committed. A forgotten Wake costs latency (up to the relay's poll, a second),
+// never a message. The producer middleware does all of this for its handlers.
 func (o *Outbox) AddToBatch(ctx context.Context, b *pgx.Batch, msgs ...idem.Message) error {
 	rows, err := o.prepare(ctx, msgs, republish{})
 	if err != nil || rows == nil {
@@ -210,8 +191,8 @@ func (o *Outbox) prepare(ctx context.Context, msgs []idem.Message, again republi
 		if err != nil {
 			return nil, fmt.Errorf("outbox: enqueue: encode headers: %w", err)
 		}
-		if size := wireSize(m, r.msgIDs[i], o.cfg.Stream, h); o.cfg.MaxPayload > 0 && size > o.cfg.MaxPayload {
-			return nil, fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.cfg.MaxPayload)
+		if size := wireSize(m, r.msgIDs[i], o.stream, h); o.maxPayload > 0 && size > o.maxPayload {
+			return nil, fmt.Errorf("outbox: enqueue message %d: %w: %d bytes with its headers, the broker takes %d", i, ErrTooLarge, size, o.maxPayload)
 		}
 		r.headers[i], r.payloads[i] = string(hj), m.Payload
 	}
@@ -230,8 +211,8 @@ func (o *Outbox) check(m idem.Message) error {
 	if err := idem.ValidateMessageName(m.Name); err != nil {
 		return err
 	}
-	if len(o.cfg.Subjects) > 0 && !idem.SubjectUnder(o.cfg.Subjects, m.Subject) {
-		return fmt.Errorf("%w: %q is outside the stream's subjects %q", idem.ErrBadSubject, m.Subject, o.cfg.Subjects)
+	if len(o.subjects) > 0 && !idem.SubjectUnder(o.subjects, m.Subject) {
+		return fmt.Errorf("%w: %q is outside the stream's subjects %q", idem.ErrBadSubject, m.Subject, o.subjects)
 	}
 	if m.Payload == nil {
 		return errors.New("nil payload")
@@ -269,11 +250,8 @@ func wireSize(m idem.Message, msgID, stream string, headers map[string]string) i
 	return int64(n + len(m.Payload))
 }
 
-// enqueuedAtLayout formats HeaderEnqueuedAt: UTC, microseconds (Postgres's
-// precision), fixed width, so the size check counts it exactly.
-const enqueuedAtLayout = "2006-01-02T15:04:05.000000Z07:00"
-
-// enqueuedAtSample is a value in that layout, as long as every one of them.
+// enqueuedAtSample is a value in store.EnqueuedAtLayout, as long as every one of
+// them.
 const enqueuedAtSample = "2006-01-02T15:04:05.000000Z"
 
 // traced starts the message's producer span ("enqueue <subject>", a child of the
@@ -292,29 +270,28 @@ func (o *Outbox) traced(ctx context.Context, m idem.Message, msgID string) map[s
 	return h
 }
 
-// Row is what Backlog needs of a pool, connection or transaction.
-type Row interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Backlog is the relay's queue at one moment.
-type Backlog struct {
-	// Pending counts rows not yet published.
-	Pending int64
-	// OldestCreatedAt is when the oldest unpublished row was written (nil when
-	// none is pending); OldestAge is how long ago, by the database's clock.
-	OldestCreatedAt *time.Time
-	OldestAge       time.Duration
-}
-
-// Backlog reads the outbox's queue: the one definition of "pending" and "oldest
-// unpublished" that metrics, stats and the console share.
-func (o *Outbox) Backlog(ctx context.Context, db Row) (Backlog, error) {
-	var b Backlog
-	var age float64
-	if err := db.QueryRow(ctx, o.q.Backlog).Scan(&b.Pending, &b.OldestCreatedAt, &age); err != nil {
-		return Backlog{}, fmt.Errorf("outbox: backlog: %w", err)
+// Wake tells the relays that rows written with AddToBatch have committed. Call it
+// after the commit, never before: a relay woken early finds nothing and sleeps
+// until its next poll.
+//
+// A relay of this process, on the same Installation, is woken directly, at no cost
+// to the database. Otherwise Wake sends a NOTIFY, outside any transaction of the
+// caller's, coalescing concurrent calls: a caller that arrives while a NOTIFY is on
+// its way shares the next one with everyone who arrived meanwhile, so a burst of
+// commits costs a few NOTIFYs, and no caller waits for more than two. Each NOTIFY
+// starts after every commit it announces, which is what makes it safe to share.
+//
+// An error means the NOTIFY failed; the rows are committed all the same and a
+// relay's poll will find them.
+func (o *Outbox) Wake(ctx context.Context) error {
+	if o.wake.Local() {
+		return nil
 	}
-	b.OldestAge = time.Duration(age * float64(time.Second))
-	return b, nil
+	if err := o.wake.Notify(ctx, func(ctx context.Context) error {
+		_, err := o.pool.Exec(ctx, o.q.Notify, o.q.Channel)
+		return err
+	}); err != nil {
+		return fmt.Errorf("outbox: wake: %w", err)
+	}
+	return nil
 }

@@ -28,12 +28,12 @@ type answer struct {
 	start time.Time
 }
 
-func (a *answer) observe(outcome string) {
-	a.m.cfg.Observer.Observe(idem.Event{Component: idem.ComponentIngress, Outcome: outcome, Count: 1, Duration: time.Since(a.start)})
+func (a *answer) observe(outcome idem.Outcome) {
+	a.m.observer.Observe(idem.Event{Component: idem.ComponentIngress, Outcome: outcome, Count: 1, Duration: time.Since(a.start)})
 }
 
 // respond writes a captured or stored response.
-func (a *answer) respond(outcome string, resp response, replayed bool) {
+func (a *answer) respond(outcome idem.Outcome, resp response, replayed bool) {
 	a.observe(outcome)
 	dst := a.w.Header()
 	for name, values := range resp.header {
@@ -66,34 +66,34 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 }
 
 // writeError writes one of the middleware's own answers.
-func (a *answer) writeError(outcome string, status int, code, msg string) {
+func (a *answer) writeError(outcome idem.Outcome, status int, code, msg string) {
 	a.observe(outcome)
 	WriteError(a.w, status, code, msg)
 }
 
 func (a *answer) reject(status int, code, msg string) {
-	a.log.InfoContext(a.ctx, "middleware: rejected", "status", status, "code", code, "reason", msg)
-	a.writeError(OutcomeRejected, status, code, msg)
+	a.log.InfoContext(a.ctx, "producer: rejected", "status", status, "code", code, "reason", msg)
+	a.writeError(idem.OutcomeRejected, status, code, msg)
 }
 
 // fail answers a request that ran and was rolled back.
 func (a *answer) fail(status int, code, msg string) {
-	a.writeError(OutcomeFailed, status, code, msg)
+	a.writeError(idem.OutcomeFailed, status, code, msg)
 }
 
 // busy answers a request beyond MaxInFlight; nothing was claimed.
 func (a *answer) busy() {
-	a.log.WarnContext(a.ctx, "middleware: too many requests in flight", "max_in_flight", a.m.cfg.MaxInFlight)
+	a.log.WarnContext(a.ctx, "producer: too many requests in flight", "max_in_flight", a.m.cfg.MaxInFlight)
 	a.w.Header().Set("Retry-After", "1")
-	a.writeError(OutcomeBusy, http.StatusServiceUnavailable, "too_many_requests_in_flight",
+	a.writeError(idem.OutcomeBusy, http.StatusServiceUnavailable, "too_many_requests_in_flight",
 		"the service is at its limit of requests in flight and nothing was recorded; retry later with the same Idempotency-Key")
 }
 
 func (a *answer) conflict() {
-	a.log.InfoContext(a.ctx, "middleware: key in use past the wait", "wait", a.m.cfg.Wait)
+	a.log.InfoContext(a.ctx, "producer: key in use past the wait", "wait", a.m.cfg.Wait)
 	secs := int(math.Ceil(a.m.cfg.Wait.Seconds()))
 	a.w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
-	a.writeError(OutcomeConflict, http.StatusConflict, "idempotency_key_in_use",
+	a.writeError(idem.OutcomeConflict, http.StatusConflict, "idempotency_key_in_use",
 		"a request with this Idempotency-Key is still being processed; retry later with the same key")
 }
 
@@ -104,14 +104,14 @@ func (a *answer) conflict() {
 func (a *answer) dbFailed(err error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		a.log.ErrorContext(a.ctx, "middleware: database error", "err", err)
-		a.writeError(OutcomeUnavailable, http.StatusInternalServerError, "internal_error",
+		a.log.ErrorContext(a.ctx, "producer: database error", "err", err)
+		a.writeError(idem.OutcomeUnavailable, http.StatusInternalServerError, "internal_error",
 			"the request failed and was rolled back; retry with the same Idempotency-Key")
 		return
 	}
-	a.log.ErrorContext(a.ctx, "middleware: database unavailable", "err", err)
+	a.log.ErrorContext(a.ctx, "producer: database unavailable", "err", err)
 	a.w.Header().Set("Retry-After", "1")
-	a.writeError(OutcomeUnavailable, http.StatusServiceUnavailable, "database_unavailable",
+	a.writeError(idem.OutcomeUnavailable, http.StatusServiceUnavailable, "database_unavailable",
 		"the idempotency store is unavailable and nothing was recorded; retry later with the same Idempotency-Key")
 }
 
@@ -119,16 +119,16 @@ func (a *answer) dbFailed(err error) {
 func (a *answer) fromRecord(rec record, fp []byte) {
 	switch {
 	case !bytes.Equal(rec.fingerprint, fp):
-		a.log.InfoContext(a.ctx, "middleware: key reused with a different payload")
-		a.writeError(OutcomeMismatch, http.StatusUnprocessableEntity, "idempotency_key_mismatch",
+		a.log.InfoContext(a.ctx, "producer: key reused with a different payload")
+		a.writeError(idem.OutcomeMismatch, http.StatusUnprocessableEntity, "idempotency_key_mismatch",
 			"this Idempotency-Key was already used with a different method, path or body; mint a new key for a new intent")
 	case rec.status != "done" || rec.code == nil:
 		// Cannot happen with one-transaction requests (a row commits only with its
 		// response), but a record without a response must never be replayed.
 		a.conflict()
 	default:
-		a.log.DebugContext(a.ctx, "middleware: replayed", "status", *rec.code)
-		a.respond(OutcomeReplayed, response{status: *rec.code, header: rec.header, body: rec.body}, true)
+		a.log.DebugContext(a.ctx, "producer: replayed", "status", *rec.code)
+		a.respond(idem.OutcomeReplayed, response{status: *rec.code, header: rec.header, body: rec.body}, true)
 	}
 }
 
@@ -142,7 +142,7 @@ func (a *answer) runHandler(next http.Handler, w http.ResponseWriter, r *http.Re
 			if v == http.ErrAbortHandler {
 				panic(v)
 			}
-			a.log.ErrorContext(a.ctx, "middleware: handler panicked; rolled back", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			a.log.ErrorContext(a.ctx, "producer: handler panicked; rolled back", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 			ok = false
 		}
 	}()
@@ -154,6 +154,6 @@ func (a *answer) runHandler(next http.Handler, w http.ResponseWriter, r *http.Re
 // connection back to the pool.
 func (a *answer) end(tx *requestTx) {
 	if err := tx.rollback(a.ctx); err != nil {
-		a.log.WarnContext(a.ctx, "middleware: rollback", "err", err)
+		a.log.WarnContext(a.ctx, "producer: rollback", "err", err)
 	}
 }

@@ -29,7 +29,7 @@ type capture struct {
 }
 
 // errResponseTooLarge is what a handler's Write returns past MaxResponseBytes.
-var errResponseTooLarge = errors.New("middleware: response exceeds MaxResponseBytes")
+var errResponseTooLarge = errors.New("producer: response exceeds MaxResponseBytes")
 
 func newCapture(limit int64) *capture { return &capture{header: http.Header{}, limit: limit} }
 

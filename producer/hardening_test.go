@@ -139,7 +139,7 @@ func TestMiddlewareRefusesKeysOlderThanItsMemory(t *testing.T) {
 
 	old := keyMintedAt(t, now.Add(-49*time.Hour))
 	w := req{path: "/ok", key: key(old), body: "{}"}.send(h)
-	if w.Code != http.StatusUnprocessableEntity || errCode(t, w) != "idempotency_key_expired" || got.last() != producer.OutcomeRejected {
+	if w.Code != http.StatusUnprocessableEntity || errCode(t, w) != "idempotency_key_expired" || got.last() != idem.OutcomeRejected {
 		t.Fatalf("a 49h-old UUIDv7 key: %d %s (outcome %q), want 422 idempotency_key_expired", w.Code, w.Body, got.last())
 	}
 	if !strings.Contains(w.Body.String(), "mint a new key only for a new intent") {

@@ -38,35 +38,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
-)
-
-// Outcomes reported to Config.Observer (Event.Outcome), one event per
-// state-changing request. They are stable strings so they can become metric labels.
-const (
-	// OutcomeNew: the key was claimed, the handler ran and its response was stored.
-	OutcomeNew = "new"
-	// OutcomeReplayed: the key had a stored response, which was sent again.
-	OutcomeReplayed = "replayed"
-	// OutcomeConflict: the first arrival was still running when Wait ran out (409).
-	OutcomeConflict = "conflict"
-	// OutcomeMismatch: the key was used before with a different request (422).
-	OutcomeMismatch = "mismatch"
-	// OutcomeRejected: the request was refused before claiming the key: missing or
-	// malformed key or scope, unreadable or oversize body (400, 413).
-	OutcomeRejected = "rejected"
-	// OutcomeFailed: the handler answered 5xx (or panicked); everything was rolled
-	// back and nothing stored, so a retry executes again.
-	OutcomeFailed = "failed"
-	// OutcomeUnavailable: the database could not be reached or failed (503/500);
-	// nothing was claimed.
-	OutcomeUnavailable = "unavailable"
-	// OutcomeBusy: MaxInFlight requests were already running (503); nothing was
-	// claimed.
-	OutcomeBusy = "busy"
 )
 
 // Defaults applied to zero fields of Config.
@@ -91,15 +66,6 @@ const maxClaimAttempts = 3
 // Config configures a Middleware. The zero value is valid and means the defaults
 // documented on each field.
 type Config struct {
-	// Schema is the Postgres schema holding idem_requests (default "public").
-	Schema string
-
-	// Outbox is where Intent.Enqueue writes the request's messages (default: an
-	// outbox in Schema that accepts any literal subject). Give it the stream's
-	// Subjects so a subject no stream stores is refused while the client can still
-	// be told.
-	Outbox *outbox.Outbox
-
 	// KeyLifetime is how long a stored response is replayed; it sets
 	// idem_requests.expires_at. After it, the key may be claimed afresh. It must
 	// outlast every window in which the same intent can still arrive (client
@@ -166,15 +132,6 @@ type Config struct {
 	// queued rather than refused, since a refused client comes back only after
 	// Retry-After (a second). Default DefaultMaxInFlightWait; negative: no wait.
 	MaxInFlightWait time.Duration
-
-	// Logger receives the middleware's logs. Default slog.Default().
-	Logger *slog.Logger
-
-	// Observer, if set, is told once per state-changing request, after the
-	// response is decided: an event with Component idem.ComponentIngress, one of
-	// the Outcome constants and the request's duration. It is the hook for
-	// metrics.
-	Observer idem.Observer
 }
 
 // WithDefaults returns a copy of c with zero fields replaced by their defaults.
@@ -200,33 +157,27 @@ func (c Config) WithDefaults() Config {
 			c.Scope = scopeFromHeader
 		}
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	return c
 }
 
 // validate reports a configuration that cannot work. It is called on the result of
 // withDefaults, so it only sees values a user set explicitly.
 func (c Config) validate() error {
-	if err := pgschema.Validate(c.Schema); err != nil {
-		return fmt.Errorf("middleware: %w", err)
-	}
 	if c.KeyLifetime < time.Second {
-		return fmt.Errorf("middleware: KeyLifetime %v is shorter than one second", c.KeyLifetime)
+		return fmt.Errorf("producer: KeyLifetime %v is shorter than one second", c.KeyLifetime)
 	}
 	if c.Wait < time.Millisecond {
 		// lock_timeout has millisecond resolution and 0 would mean "wait forever".
-		return fmt.Errorf("middleware: Wait %v is shorter than one millisecond", c.Wait)
+		return fmt.Errorf("producer: Wait %v is shorter than one millisecond", c.Wait)
 	}
 	if c.MaxBodyBytes < 0 {
-		return fmt.Errorf("middleware: MaxBodyBytes %d is negative", c.MaxBodyBytes)
+		return fmt.Errorf("producer: MaxBodyBytes %d is negative", c.MaxBodyBytes)
 	}
 	if c.MaxInFlight < 0 {
-		return fmt.Errorf("middleware: MaxInFlight %d is negative", c.MaxInFlight)
+		return fmt.Errorf("producer: MaxInFlight %d is negative", c.MaxInFlight)
 	}
 	if c.MaxResponseBytes < 0 {
-		return fmt.Errorf("middleware: MaxResponseBytes %d is negative", c.MaxResponseBytes)
+		return fmt.Errorf("producer: MaxResponseBytes %d is negative", c.MaxResponseBytes)
 	}
 	return nil
 }
@@ -257,9 +208,12 @@ func scopeFromHeader(r *http.Request) (string, error) {
 // Middleware enforces the Idempotency-Key protocol on the handlers it wraps. It is
 // safe for concurrent use; one Middleware can wrap many handlers.
 type Middleware struct {
-	pool *pgxpool.Pool
-	cfg  Config
-	q    store.Requests
+	pool     *pgxpool.Pool
+	cfg      Config
+	q        store.Requests
+	outbox   *outbox.Outbox
+	log      *slog.Logger
+	observer idem.Observer
 	// waitMs is Wait as a lock_timeout setting, the claim's $7.
 	waitMs   string
 	inFlight chan struct{} // a slot per request in flight; nil when unbounded
@@ -267,24 +221,21 @@ type Middleware struct {
 	keyAgeLimit time.Duration
 }
 
-// NewMiddleware returns a Middleware that keeps its records in pool's idem_requests
-// table (see package migrations). The zero Config means the defaults.
-func NewMiddleware(pool *pgxpool.Pool, cfg Config) (*Middleware, error) {
-	if pool == nil {
-		return nil, errors.New("middleware: nil pool")
-	}
+// NewMiddleware returns the ingress of inst: a Middleware that keeps its records
+// in inst's idem_requests, writes the request's messages into inst's outbox
+// (whose stream's subjects and broker's max_payload bound what Intent.Enqueue
+// accepts), wakes inst's relays, and logs and reports its events through inst.
+// The zero Config means the defaults.
+func NewMiddleware(inst *install.Installation, cfg Config) (*Middleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Outbox == nil {
-		ob, err := outbox.New(outbox.Config{Schema: cfg.Schema})
-		if err != nil {
-			return nil, fmt.Errorf("middleware: %w", err)
-		}
-		cfg.Outbox = ob
+	m := &Middleware{
+		pool: inst.Pool(), cfg: cfg, q: inst.Store().Requests, outbox: outbox.New(inst),
+		log: inst.Logger(), observer: inst.Observer(),
+		waitMs: fmt.Sprintf("%dms", max(cfg.Wait.Milliseconds(), 1)), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime),
 	}
-	m := &Middleware{pool: pool, cfg: cfg, q: store.New(cfg.Schema).Requests, waitMs: fmt.Sprintf("%dms", max(cfg.Wait.Milliseconds(), 1)), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime)}
 	if cfg.MaxInFlight > 0 {
 		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
 	}
@@ -340,7 +291,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	ctx := r.Context()
-	a := &answer{m: m, w: w, ctx: ctx, start: time.Now(), log: m.cfg.Logger.With("method", r.Method, "path", r.URL.Path)}
+	a := &answer{m: m, w: w, ctx: ctx, start: time.Now(), log: m.log.With("method", r.Method, "path", r.URL.Path)}
 
 	// 1. Validate the name of the intent before touching the database: a request
 	// that can never succeed must not claim anything.
@@ -433,7 +384,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// 5. Run the handler inside the transaction, capturing its response instead of
 	// sending it: nothing may reach the client before the record commits.
 	setBody(r, body)
-	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.cfg.Outbox, batch: &pgx.Batch{}}
+	intent := &Intent{Tx: tx, Scope: scope, Key: key, outbox: m.outbox, batch: &pgx.Batch{}}
 	capture := newCapture(m.cfg.MaxResponseBytes)
 	if !a.runHandler(next, capture, r.WithContext(withIntent(ctx, intent))) {
 		a.end(tx)
@@ -443,7 +394,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	}
 	if capture.overflow {
 		a.end(tx)
-		a.log.ErrorContext(ctx, "middleware: handler response exceeds MaxResponseBytes; rolled back", "limit", m.cfg.MaxResponseBytes)
+		a.log.ErrorContext(ctx, "producer: handler response exceeds MaxResponseBytes; rolled back", "limit", m.cfg.MaxResponseBytes)
 		a.fail(http.StatusInternalServerError, "response_too_large",
 			fmt.Sprintf("the handler's response is larger than the %d bytes that can be stored for replay; the request was rolled back", m.cfg.MaxResponseBytes))
 		return
@@ -453,8 +404,8 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if !storesResponse(resp.status) {
 		// Not a final answer: forget everything, so the retry executes again.
 		a.end(tx)
-		a.log.WarnContext(ctx, "middleware: handler answered with a retryable status; rolled back", "status", resp.status)
-		a.respond(OutcomeFailed, resp, false)
+		a.log.WarnContext(ctx, "producer: handler answered with a retryable status; rolled back", "status", resp.status)
+		a.respond(idem.OutcomeFailed, resp, false)
 		return
 	}
 
@@ -467,25 +418,25 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		// is aborted; either way nothing of this request survives. If instead the
 		// connection broke during COMMIT, the outcome is unknown. That is exactly
 		// what the key is for: the retry replays or executes, never both.
-		a.dbFailed(fmt.Errorf("middleware: enqueue, store response and commit: %w", err))
+		a.dbFailed(fmt.Errorf("producer: enqueue, store response and commit: %w", err))
 		return
 	}
 	// The window in which a crash leaves the client without an answer to an effect
 	// that happened: the retry must be a replay.
 	if err := faults.From(ctx).Hit(ctx, faults.IngressAfterCommit, []string{intent.ScopedKey()}); err != nil {
 		// Abandoned as if the process died here: the connection breaks unanswered.
-		a.log.WarnContext(ctx, "middleware: response abandoned after commit (fault point)", "err", err)
+		a.log.WarnContext(ctx, "producer: response abandoned after commit (fault point)", "err", err)
 		panic(http.ErrAbortHandler)
 	}
 	if messages > 0 {
 		// After the commit, so the relay finds the rows. A failure only delays them
 		// to the relay's next poll.
-		if err := m.cfg.Outbox.Wake(ctx, m.pool); err != nil {
-			a.log.WarnContext(ctx, "middleware: waking the relay failed; it will find the messages at its next poll", "err", err)
+		if err := m.outbox.Wake(ctx); err != nil {
+			a.log.WarnContext(ctx, "producer: waking the relay failed; it will find the messages at its next poll", "err", err)
 		}
 	}
-	a.log.DebugContext(ctx, "middleware: executed and stored", "status", resp.status)
-	a.respond(OutcomeNew, resp, false)
+	a.log.DebugContext(ctx, "producer: executed and stored", "status", resp.status)
+	a.respond(idem.OutcomeNew, resp, false)
 }
 
 // setBody gives the handler the buffered body, readable again.
@@ -597,7 +548,7 @@ func (m *Middleware) claim(ctx context.Context, tx pgx.Tx, scope string, key ide
 			return claimResult{ok: true}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return claimResult{}, fmt.Errorf("middleware: claim: %w", err)
+			return claimResult{}, fmt.Errorf("producer: claim: %w", err)
 		}
 
 		var rec record
@@ -608,18 +559,18 @@ func (m *Middleware) claim(ctx context.Context, tx pgx.Tx, scope string, key ide
 			// Deleted by retention between the two statements: claim again.
 			continue
 		case err != nil:
-			return claimResult{}, fmt.Errorf("middleware: look up record: %w", err)
+			return claimResult{}, fmt.Errorf("producer: look up record: %w", err)
 		case rec.expired:
 			// The key outlived its lifetime; it now names nothing. Delete the old
 			// record in this transaction and claim again.
 			if _, err := tx.Exec(ctx, m.q.DeleteExpired, scope, string(key)); err != nil {
-				return claimResult{}, fmt.Errorf("middleware: delete expired record: %w", err)
+				return claimResult{}, fmt.Errorf("producer: delete expired record: %w", err)
 			}
 			continue
 		}
 		return claimResult{rec: rec}, nil
 	}
-	return claimResult{}, fmt.Errorf("middleware: claim: record kept changing after %d attempts", maxClaimAttempts)
+	return claimResult{}, fmt.Errorf("producer: claim: record kept changing after %d attempts", maxClaimAttempts)
 }
 
 // storesResponse reports whether a handler's status is a final answer worth

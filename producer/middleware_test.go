@@ -488,7 +488,7 @@ func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
 	if ra := w.Header().Get("Retry-After"); ra != "1" {
 		t.Errorf("duplicate: Retry-After %q, want 1", ra)
 	}
-	if got.last() != producer.OutcomeConflict {
+	if got.last() != idem.OutcomeConflict {
 		t.Errorf("outcome %q, want conflict", got.last())
 	}
 
@@ -590,7 +590,7 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	if w.Header().Get("Retry-After") == "" {
 		t.Error("no Retry-After")
 	}
-	if got.last() != producer.OutcomeUnavailable {
+	if got.last() != idem.OutcomeUnavailable {
 		t.Errorf("outcome %q", got.last())
 	}
 	if app.calls.Load() != 0 {
@@ -941,7 +941,7 @@ func TestMiddlewareMaxInFlight(t *testing.T) {
 	if again := (req{path: "/fast", key: key("k-fast"), body: "{}"}).send(h); again.Code != http.StatusCreated || again.Header().Get(idem.HeaderReplayed) != "" {
 		t.Fatalf("retry after the refusal: %d replayed=%q, want a fresh execution", again.Code, again.Header().Get(idem.HeaderReplayed))
 	}
-	if got.last() != producer.OutcomeNew {
+	if got.last() != idem.OutcomeNew {
 		t.Errorf("last outcome %q", got.last())
 	}
 

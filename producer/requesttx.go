@@ -27,11 +27,11 @@ type requestTx struct {
 	savepoints int           // savepoints made so far, which names the next one
 }
 
-var errRequestTx = errors.New("middleware: the middleware commits or rolls back the request's transaction, not the handler")
+var errRequestTx = errors.New("producer: the middleware commits or rolls back the request's transaction, not the handler")
 
 // errCommitRolledBack is the answer of a COMMIT that found the transaction
 // already failed: Postgres then rolls back and says so in the command tag.
-var errCommitRolledBack = errors.New("middleware: commit: the transaction had failed and was rolled back")
+var errCommitRolledBack = errors.New("producer: commit: the transaction had failed and was rolled back")
 
 // begin acquires a connection and sends BEGIN with first, the key's claim, in one
 // round trip. scan reads the claim's row; its error (pgx.ErrNoRows: the key is
@@ -40,7 +40,7 @@ var errCommitRolledBack = errors.New("middleware: commit: the transaction had fa
 func begin(ctx context.Context, pool *pgxpool.Pool, first string, args []any, scan func(pgx.Row) error) (*requestTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("middleware: begin: %w", err)
+		return nil, fmt.Errorf("producer: begin: %w", err)
 	}
 	t := &requestTx{conn: conn}
 	b := &pgx.Batch{}
@@ -92,7 +92,7 @@ func (t *requestTx) rollback(ctx context.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := t.conn.Exec(rctx, sqlRollbackRequest); err != nil {
-		return fmt.Errorf("middleware: rollback: %w", err)
+		return fmt.Errorf("producer: rollback: %w", err)
 	}
 	return nil
 }

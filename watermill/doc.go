@@ -101,7 +101,7 @@
 // idem's reconciler (package reconcile) completes a published intent once every
 // registered consumer that reads its subject has settled its key. The middleware
 // does not know the stream or subjects its router subscribes to, so it does not
-// register itself: call reconcile.Register with Config.Consumer, the stream and the
+// register itself: call registry.Register with Config.Consumer, the stream and the
 // subscription's filter before the router starts, or the reconciler never waits for
 // it (and reports intents only it reads as unrouted).
 package idemwatermill

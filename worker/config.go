@@ -3,17 +3,12 @@ package worker
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/partition"
-	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/producer"
 )
 
@@ -21,58 +16,47 @@ import (
 // intent with its key before it reports it expired (client.DefaultKeyLifetime).
 const DefaultClientResendHorizon = 24 * time.Hour
 
-// Config configures a Worker. Stream.Name and Stream.Subjects are required; the zero
-// value of every other field means its default, and every component's own zero
-// fields mean that component's defaults.
+// Config says what a Worker runs and tunes it. What the installation shares (the
+// pool, the stream, the schema, the logger, the tracer, the observer) is the
+// Installation's; every field here is a knob of one part, and the zero value of
+// every field means its default.
 //
 // The Config also says how many connections the worker's parts hold at once:
 // NewPool sizes the pool from it, and New warns about a pool that is smaller.
 type Config struct {
-	// Schema is the Postgres schema of the idem_* tables (default "public"). It is
-	// filled into every component below that leaves its own Schema empty.
-	Schema string
 	// NoMigrate skips applying idem's migrations at Start, for teams that run the
 	// SQL (migrations.SQL) with their own tool. Start then fails if the schema is
 	// missing.
 	NoMigrate bool
 
-	// Stream is the user's stream. Start creates it when absent (an existing one
-	// is left as its operator tuned it), and its real MaxAge enters the lifetime
-	// invariant: a configured MaxAge that differs from it is refused when it
-	// breaks the invariant and warned about otherwise. Its Subjects bound what the
-	// outbox accepts.
-	Stream outbox.StreamConfig
+	// Consumers to run: in-transaction and external handlers alike.
+	Consumers []consumer.Config
 
-	// Relay tunes the outbox relay; Schema and Stream are filled in.
-	Relay outbox.RelayConfig
+	// Ingress, when set, makes Ingress() return an HTTP Idempotency-Key middleware
+	// built from it, and enters its key lifetime into the lifetime invariant. Its
+	// MaxBodyBytes defaults to what the broker can carry, and its MaxInFlight to
+	// the pool's connections the other parts leave. Nil for a worker that takes no
+	// HTTP requests.
+	Ingress *producer.Config
+
+	// Relay tunes the outbox relay.
+	Relay RelayConfig
 	// DisableRelay runs no relay in this worker (another process relays). It runs
 	// no reconciler either: the reconciler works in the relay role.
 	DisableRelay bool
 
-	// Reconcile tunes the reconciler (package reconcile), which runs wherever the
-	// relay runs; Schema and Stream are filled in, and Retention defaults to
-	// Relay.Retention. With a reconciler the relay awaits proof
-	// (outbox.RelayConfig.AwaitProof): a published row is kept until every
-	// consumer that reads it has settled it.
-	Reconcile reconcile.Config
-	// DisableReconciler runs no reconciler here. Published rows then expire by
-	// Relay.Retention alone unless Relay.AwaitProof is set (a reconciler runs in
-	// another process), and the stream check at Start refuses settings that lose
-	// messages (memory storage, discarding the oldest when full).
+	// Reconcile tunes the reconciler, which runs wherever the relay runs and proves
+	// every published intent settled by every consumer that reads it: a published
+	// outbox row is kept until then.
+	Reconcile ReconcileConfig
+	// DisableReconciler runs no reconciler here. The rows this worker's relay
+	// publishes then expire after Retention.Published, and the stream check at
+	// Start refuses settings that lose messages (memory storage, discarding the
+	// oldest when full).
 	DisableReconciler bool
 
-	// Consumers to run: in-transaction and external handlers alike. Stream and
-	// Schema are filled in where empty; Logger, TracerProvider and Observer are
-	// added to.
-	Consumers []consumer.Config
-
-	// Ingress, when set, makes Ingress() return an HTTP Idempotency-Key middleware
-	// built from it (Schema, Outbox, Logger and Observer filled in), and enters its
-	// key lifetime into the lifetime invariant. Nil for a worker that takes no HTTP
-	// requests.
-	Ingress *producer.Config
-
-	// Retention tunes the deletion of expired keys and published outbox rows.
+	// Retention tunes the deletion of expired keys, published outbox rows and dead
+	// letters.
 	Retention RetentionConfig
 	// DisableRetention runs no collector here (one per installation is enough).
 	DisableRetention bool
@@ -81,16 +65,50 @@ type Config struct {
 	// with the same key (default DefaultClientResendHorizon). Request and inbox key
 	// lifetimes must both exceed it.
 	ClientResendHorizon time.Duration
+}
 
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-	// TracerProvider records the outbox's enqueue spans, the relay's publish spans
-	// and the consumers' process spans, where they have none of their own
-	// (default: the global provider, otel.GetTracerProvider).
-	TracerProvider trace.TracerProvider
-	// Observer is told every event of every component, after the worker's own
-	// metrics (see RegisterMetrics).
-	Observer idem.Observer
+// RelayConfig tunes the outbox relay. The zero value means the defaults.
+type RelayConfig struct {
+	// BatchSize is the most rows claimed and published per transaction (default
+	// 500).
+	BatchSize int
+	// PublishTimeout bounds the wait for every PubAck of a batch (default 10s). A
+	// PubAck that does not come is a failed publish, so the relay never waits
+	// longer than this for the broker, nor does its shutdown.
+	PublishTimeout time.Duration
+	// MaxAttempts is how many failed publishes a row gets, while the broker is
+	// otherwise up, before it is dead-lettered under outbox.RelayConsumer (default
+	// 10). A row the broker can never take (larger than max_payload) is
+	// dead-lettered at once.
+	MaxAttempts int
+	// OrderedSubjects are subject filters (e.g. "orders.events.*") whose subjects
+	// are each relayed in order: a row is published only after every earlier row
+	// of its subject was published or dead-lettered, so a failing row blocks its
+	// subject (only its subject) through its backoff. Pair with outbox.Partition
+	// and an ordered consumer per subject (consumer.Partitioned); see
+	// docs/ORDERING.md. Every relay of one installation must be given the same.
+	OrderedSubjects []string
+	// AtomicPublish publishes each batch as one JetStream atomic batch: one PubAck,
+	// and one fsync, per batch instead of per message. It needs nats-server 2.12
+	// or later and a stream that allows it (install.Stream.AllowAtomicPublish);
+	// BatchSize may then not exceed 1000. Default off.
+	AtomicPublish bool
+}
+
+// ReconcileConfig tunes the reconciler. The zero value means the defaults.
+type ReconcileConfig struct {
+	// After is how long after its publish an unsettled intent is looked for in
+	// the stream (default 5m): until then it is simply in flight.
+	After time.Duration
+	// UnroutedHorizon is how long an intent no registered consumer reads is waited
+	// for (a consumer may be deployed late) before it is dead-lettered under
+	// outbox.RelayConsumer (default 72h).
+	UnroutedHorizon time.Duration
+	// Trusted are subject filters whose intents are complete once published: for
+	// subjects read by consumers whose inbox lives in another database (see
+	// docs/ARCHITECTURE.md, "Consumers in other databases"), which the reconciler
+	// cannot see.
+	Trusted []string
 }
 
 // RetentionConfig tunes the collector. The zero value means the defaults.
@@ -100,17 +118,18 @@ type RetentionConfig struct {
 	BatchSize int
 	// Interval between collection rounds (default 1m).
 	Interval time.Duration
-	// Pause between batches of one round (default 0), to yield to the hot path.
-	Pause time.Duration
 	// DeadLetters is how long a dead letter is kept after it was filed (default
 	// DefaultDeadLetterRetention); it is kept anyway until its replay horizon has
 	// passed.
 	DeadLetters time.Duration
-	// Partitions tunes the partitions of idem_inbox and idem_outbox once they are
-	// partitioned (partition.Convert, `worker partition`): each round creates them
-	// ahead and drops the expired ones before deleting rows. Schema is the worker's;
-	// KeyLifetime defaults to the longest of the worker's consumers'.
-	Partitions partition.Config
+	// Published is how long a published outbox row is kept when no reconciler
+	// proves it (DisableReconciler), and how long a proven one is kept as
+	// evidence (default 72h).
+	Published time.Duration
+	// PartitionsAhead is the slack of partitions of idem_inbox and idem_outbox
+	// made ready beyond the furthest bound a row can need, once the tables are
+	// partitioned (`worker partition`; default 2 days).
+	PartitionsAhead time.Duration
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -120,24 +139,25 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 	if c.Interval == 0 {
 		c.Interval = time.Minute
 	}
+	if c.Published == 0 {
+		c.Published = 72 * time.Hour
+	}
 	return c
 }
 
 func (c Config) validate() error {
-	if err := pgschema.Validate(c.Schema); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
-	if err := c.Stream.Validate(); err != nil {
-		return fmt.Errorf("worker: %w", err)
-	}
 	if c.ClientResendHorizon < 0 {
 		return errors.New("worker: ClientResendHorizon must not be negative")
 	}
-	if c.Retention.BatchSize < 0 || c.Retention.Interval < 0 || c.Retention.Pause < 0 || c.Retention.DeadLetters < 0 {
+	r := c.Retention
+	if r.BatchSize < 0 || r.Interval < 0 || r.DeadLetters < 0 || r.Published < 0 || r.PartitionsAhead < 0 {
 		return errors.New("worker: Retention values must not be negative")
 	}
-	if err := c.Retention.Partitions.Validate(); err != nil {
-		return fmt.Errorf("worker: Retention.Partitions: %w", err)
+	if err := c.Relay.config(c).Validate(); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	if err := c.Reconcile.config(c).Validate(); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	names := map[string]bool{}
 	for _, cc := range c.Consumers {
@@ -145,23 +165,37 @@ func (c Config) validate() error {
 			return fmt.Errorf("worker: two consumers are named %q", cc.Name)
 		}
 		names[cc.Name] = true
-		if cc.Stream != "" && cc.Stream != c.Stream.Name {
-			return fmt.Errorf("worker: consumer %s reads stream %s, not the worker's stream %s", cc.Name, cc.Stream, c.Stream.Name)
-		}
-		if cc.Schema != "" && pgschema.Name(cc.Schema) != pgschema.Name(c.Schema) {
-			return fmt.Errorf("worker: consumer %s uses schema %s, not the worker's %s", cc.Name, cc.Schema, pgschema.Name(c.Schema))
-		}
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	if c.ClientResendHorizon == 0 {
 		c.ClientResendHorizon = DefaultClientResendHorizon
 	}
 	c.Retention = c.Retention.withDefaults()
 	return c
+}
+
+// config is the relay's configuration in worker c.
+func (r RelayConfig) config(c Config) relay.Config {
+	return relay.Config{
+		BatchSize: r.BatchSize, PublishTimeout: r.PublishTimeout, MaxAttempts: r.MaxAttempts,
+		OrderedSubjects: r.OrderedSubjects, AtomicPublish: r.AtomicPublish,
+		Retention: c.Retention.withDefaults().Published, AwaitProof: !c.DisableReconciler,
+	}
+}
+
+// config is the reconciler's configuration in worker c.
+func (r ReconcileConfig) config(c Config) reconcile.Config {
+	return reconcile.Config{
+		After: r.After, UnroutedHorizon: r.UnroutedHorizon, Trusted: r.Trusted,
+		Retention: c.Retention.withDefaults().Published,
+	}
+}
+
+// partitions is the partitioner's configuration: the installation's schema, and
+// a key lifetime no shorter than the longest of this worker's consumers'.
+func (c RetentionConfig) partitions(schema string, keyLifetime time.Duration) partition.Config {
+	return partition.Config{Schema: schema, Ahead: c.PartitionsAhead, KeyLifetime: keyLifetime}
 }

@@ -57,7 +57,7 @@ func (w *Worker) Ready(ctx context.Context) []string {
 		w.log.WarnContext(ctx, "readiness: postgres does not answer", "err", err)
 		problems = append(problems, "postgres: not answering")
 	}
-	if st := w.nc.Status(); st != nats.CONNECTED {
+	if st := w.js.Conn().Status(); st != nats.CONNECTED {
 		problems = append(problems, "nats: "+strings.ToLower(st.String()))
 	} else {
 		// A missing stream or durable consumer, or a broken lifetime invariant,
@@ -68,7 +68,7 @@ func (w *Worker) Ready(ctx context.Context) []string {
 		}
 		for _, c := range w.consumers {
 			if err := c.Health(); err != nil {
-				problems = append(problems, fmt.Sprintf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated", c.Config().Name, c.Config().Stream))
+				problems = append(problems, fmt.Sprintf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated", c.Config().Name, w.inst.Stream().Name))
 			}
 		}
 	}

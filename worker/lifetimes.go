@@ -7,8 +7,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/idemkit/idem/dedupe"
-	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // Lifetime is one set of windows the lifetime invariant compares, and what they
@@ -54,7 +55,7 @@ func (j judgement) err() error {
 // configuration (their registry entries may be older); the others by what they
 // registered, since a message the relay publishes reaches them too, and the
 // reconciler re-drives it to them.
-func (w *Worker) judgeLifetimes(maxAge time.Duration, registered []reconcile.Consumer) judgement {
+func (w *Worker) judgeLifetimes(maxAge time.Duration, registered []registry.Consumer) judgement {
 	var requests time.Duration
 	if w.ingress != nil {
 		requests = w.ingress.Config().KeyLifetime
@@ -78,7 +79,7 @@ func (w *Worker) judgeLifetimes(maxAge time.Duration, registered []reconcile.Con
 	ownCount := len(j.lifetimes)
 	var names []string // of the registered consumers judged, in order
 	for _, c := range registered {
-		if own[c.Name] || c.Stream != w.cfg.Stream.Name {
+		if own[c.Name] || c.Stream != w.inst.Stream().Name {
 			continue
 		}
 		names = append(names, c.Name)
@@ -102,15 +103,15 @@ func (w *Worker) judgeLifetimes(maxAge time.Duration, registered []reconcile.Con
 		}
 	}
 	if len(others) > 0 {
-		j.fixes = append(j.fixes, fmt.Sprintf("%s registered by another process of this installation: fix its configuration and restart it (it registers itself again), or, if it was retired, remove it from the registry (reconcile.Forget)",
+		j.fixes = append(j.fixes, fmt.Sprintf("%s registered by another process of this installation: fix its configuration and restart it (it registers itself again), or, if it was retired, remove it from the registry (registry.Forget)",
 			strings.Join(others, ", ")))
 	}
 	return j
 }
 
 // registered lists the consumers registered in the installation.
-func (w *Worker) registered(ctx context.Context) ([]reconcile.Consumer, error) {
-	return reconcile.Registered(ctx, w.pool, w.cfg.Schema)
+func (w *Worker) registered(ctx context.Context) ([]registry.Consumer, error) {
+	return registry.Registered(ctx, w.pool, w.inst.Schema())
 }
 
 // streamEditError is the refusal for an existing stream whose MaxAge breaks the
@@ -120,7 +121,7 @@ func (w *Worker) registered(ctx context.Context) ([]reconcile.Consumer, error) {
 func (w *Worker) streamEditError(name string, j judgement) error {
 	msg := fmt.Sprintf("stream %s: %v", name, j.err())
 	if j.streamBound() {
-		want := w.cfg.Stream.WithDefaults().MaxAge
+		want := w.inst.Stream().WithDefaults().MaxAge
 		if want >= j.shortest {
 			want = j.shortest / 3
 		}
@@ -129,7 +130,7 @@ func (w *Worker) streamEditError(name string, j judgement) error {
 			have = "unlimited MaxAge"
 		}
 		msg += fmt.Sprintf("; the stream itself must be edited, from its %s to one shorter than %s (a configured MaxAge, %s here, applies only when the worker creates the stream): nats stream edit %s --max-age %s, or UpdateStream through the JetStream API",
-			have, j.shortest, w.cfg.Stream.WithDefaults().MaxAge, name, cliDuration(want))
+			have, j.shortest, w.inst.Stream().WithDefaults().MaxAge, name, cliDuration(want))
 	}
 	return errors.New(msg)
 }

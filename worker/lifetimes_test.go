@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/worker"
 )
@@ -100,9 +101,9 @@ func setMaxAge(t *testing.T, env *testenv.Env, name string, maxAge time.Duration
 	}
 }
 
-func register(t *testing.T, env *testenv.Env, schema string, c reconcile.Consumer) {
+func register(t *testing.T, env *testenv.Env, schema string, c registry.Consumer) {
 	t.Helper()
-	if _, err := reconcile.Register(context.Background(), env.DB.Pool, schema, c, false); err != nil {
+	if _, err := registry.Register(context.Background(), env.DB.Pool, schema, c, false); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -209,27 +210,27 @@ func TestStartJudgesEveryRegisteredConsumer(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		consumer reconcile.Consumer
+		consumer registry.Consumer
 		relay    bool // a worker that runs only the relay and the reconciler
 		want     []string
 	}{
 		{"another process's inbox shorter than the stream's MaxAge",
-			reconcile.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour}, false,
+			registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour}, false,
 			[]string{"consumer audit (registered, not run here)", "inbox key lifetime 12h0m0s must be longer than the stream's MaxAge 24h0m0s",
-				"Config.Stream.MaxAge must be shorter than 12h0m0s", "audit registered by another process", "reconcile.Forget"}},
+				"Config.Stream.MaxAge must be shorter than 12h0m0s", "audit registered by another process", "registry.Forget"}},
 		{"the same, at a worker that runs only the relay",
-			reconcile.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour}, true,
+			registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour}, true,
 			[]string{"consumer audit (registered, not run here)", "inbox key lifetime 12h0m0s"}},
 		{"another process's redelivery horizon",
-			reconcile.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 72 * time.Hour, Redelivery: 100 * time.Hour}, true,
+			registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 72 * time.Hour, Redelivery: 100 * time.Hour}, true,
 			[]string{"consumer audit (registered, not run here)", "the consumer's redelivery horizon 100h0m0s"}},
 		{"another process's inbox shorter than the clients' re-send horizon",
-			reconcile.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 20 * time.Hour}, true,
+			registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 20 * time.Hour}, true,
 			[]string{"consumer audit (registered, not run here)", "the client's re-send horizon 24h0m0s"}},
 		{"this worker's consumer, registered before with a shorter lifetime",
-			reconcile.Consumer{Name: "shipping", Stream: "ORDERS", FilterSubject: "orders.created", KeyLifetime: time.Hour}, false, nil},
+			registry.Consumer{Name: "shipping", Stream: "ORDERS", FilterSubject: "orders.created", KeyLifetime: time.Hour}, false, nil},
 		{"a consumer of another stream",
-			reconcile.Consumer{Name: "audit", Stream: "INVOICES", FilterSubject: "invoices.>", KeyLifetime: time.Hour}, true, nil},
+			registry.Consumer{Name: "audit", Stream: "INVOICES", FilterSubject: "invoices.>", KeyLifetime: time.Hour}, true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -312,7 +313,7 @@ func TestKeeperJudgesTheInvariantAtRuntime(t *testing.T) {
 	}
 
 	// Another process registers a consumer whose inbox forgets keys too soon.
-	register(t, o.env, ordersSchema, reconcile.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour})
+	register(t, o.env, ordersSchema, registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour})
 	testenv.Eventually(t, 10*time.Second, "/readyz failing over the registered consumer", func() bool {
 		var code int
 		code, body = readyz(o.w)
@@ -329,7 +330,7 @@ func TestKeeperJudgesTheInvariantAtRuntime(t *testing.T) {
 	if n := out.count(broken); n != 2 {
 		t.Errorf("%d errors logged for two changes, want 2:\n%s", n, out.String())
 	}
-	if _, err := reconcile.Forget(context.Background(), o.env.DB.Pool, ordersSchema, "audit"); err != nil {
+	if _, err := registry.Forget(context.Background(), o.env.DB.Pool, ordersSchema, "audit"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "ready again once the consumer was forgotten", func() bool {
@@ -350,7 +351,7 @@ func TestKeeperDoesNotRecreateAStreamThatBreaksTheInvariant(t *testing.T) {
 	cfg.Consumers[0].CheckInterval = 100 * time.Millisecond
 	o := startOrders(t, cfg)
 	ctx := context.Background()
-	register(t, o.env, ordersSchema, reconcile.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour})
+	register(t, o.env, ordersSchema, registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour})
 	if err := o.env.JS.DeleteStream(ctx, "ORDERS"); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func TestKeeperDoesNotRecreateAStreamThatBreaksTheInvariant(t *testing.T) {
 	if _, err := o.env.JS.Stream(ctx, "ORDERS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("stream ORDERS: %v, want it not recreated", err)
 	}
-	if _, err := reconcile.Forget(ctx, o.env.DB.Pool, ordersSchema, "audit"); err != nil {
+	if _, err := registry.Forget(ctx, o.env.DB.Pool, ordersSchema, "audit"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "stream recreated and the worker ready", func() bool {

@@ -7,12 +7,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/buildinfo"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/producer"
 )
 
 // metrics are the worker's Prometheus instruments, all prefixed idem_. They are fed
@@ -107,8 +104,8 @@ func (m *metrics) observe(e idem.Event) {
 	n := float64(e.Count)
 	switch e.Component {
 	case idem.ComponentConsumer:
-		m.messages.WithLabelValues(e.Name, e.Outcome).Add(n)
-		if e.Outcome == consumer.OutcomeProcessed {
+		m.messages.WithLabelValues(e.Name, string(e.Outcome)).Add(n)
+		if e.Outcome == idem.OutcomeProcessed {
 			m.batchDur.WithLabelValues(e.Name).Observe(e.Duration.Seconds())
 			m.handlerDur.WithLabelValues(e.Name).Observe(e.HandlerDuration.Seconds())
 			h := m.endToEnd.WithLabelValues(e.Name)
@@ -119,17 +116,17 @@ func (m *metrics) observe(e idem.Event) {
 			}
 		}
 	case idem.ComponentIngress:
-		m.ingress.WithLabelValues(e.Outcome).Add(n)
-		m.ingressDur.WithLabelValues(e.Outcome).Observe(e.Duration.Seconds())
+		m.ingress.WithLabelValues(string(e.Outcome)).Add(n)
+		m.ingressDur.WithLabelValues(string(e.Outcome)).Observe(e.Duration.Seconds())
 	case idem.ComponentRelay:
-		m.relay.WithLabelValues(e.Outcome).Add(n)
-		if e.Outcome == outbox.OutcomePublished {
+		m.relay.WithLabelValues(string(e.Outcome)).Add(n)
+		if e.Outcome == idem.OutcomePublished {
 			m.relayDur.Observe(e.Duration.Seconds())
 		}
 	case idem.ComponentCollector:
 		m.deleted.WithLabelValues(e.Name).Add(n)
 	case idem.ComponentReconciler:
-		m.reconcile.WithLabelValues(e.Outcome).Add(n)
+		m.reconcile.WithLabelValues(string(e.Outcome)).Add(n)
 	}
 }
 
@@ -148,25 +145,25 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 	m := w.metrics
 	for _, c := range w.consumers {
 		name := c.Config().Name
-		for _, o := range []string{consumer.OutcomeProcessed, consumer.OutcomeDuplicate, consumer.OutcomeFailed, consumer.OutcomeDeadLettered} {
-			m.messages.WithLabelValues(name, o)
+		for _, o := range []idem.Outcome{idem.OutcomeProcessed, idem.OutcomeDuplicate, idem.OutcomeFailed, idem.OutcomeDeadLettered} {
+			m.messages.WithLabelValues(name, string(o))
 		}
 		m.batchDur.WithLabelValues(name)
 		m.handlerDur.WithLabelValues(name)
 		m.endToEnd.WithLabelValues(name)
 	}
 	if w.ingress != nil {
-		for _, o := range []string{producer.OutcomeNew, producer.OutcomeReplayed, producer.OutcomeRejected, producer.OutcomeMismatch, producer.OutcomeConflict, producer.OutcomeFailed, producer.OutcomeUnavailable} {
-			m.ingress.WithLabelValues(o)
-			m.ingressDur.WithLabelValues(o)
+		for _, o := range []idem.Outcome{idem.OutcomeNew, idem.OutcomeReplayed, idem.OutcomeRejected, idem.OutcomeMismatch, idem.OutcomeConflict, idem.OutcomeFailed, idem.OutcomeUnavailable} {
+			m.ingress.WithLabelValues(string(o))
+			m.ingressDur.WithLabelValues(string(o))
 		}
 	}
-	for _, o := range []string{outbox.OutcomePublished, outbox.OutcomeFailed} {
-		m.relay.WithLabelValues(o)
+	for _, o := range []idem.Outcome{idem.OutcomePublished, idem.OutcomeFailed} {
+		m.relay.WithLabelValues(string(o))
 	}
 	if w.reconcile != nil {
-		for _, o := range []string{reconcile.OutcomeCompleted, reconcile.OutcomeLagging, reconcile.OutcomeUnrouted, reconcile.OutcomeRedriven, reconcile.OutcomeAlerted} {
-			m.reconcile.WithLabelValues(o)
+		for _, o := range []idem.Outcome{idem.OutcomeCompleted, idem.OutcomeLagging, idem.OutcomeUnrouted, idem.OutcomeRedriven, idem.OutcomeAlerted} {
+			m.reconcile.WithLabelValues(string(o))
 		}
 	}
 	for _, q := range []string{scrapeBacklog, scrapeReconcile, scrapeJetStream, scrapeDeadLetters} {
@@ -174,7 +171,7 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 	}
 	bi := buildinfo.Read()
 	m.buildInfo.WithLabelValues(bi.Version, bi.Revision, bi.GoVersion).Set(1)
-	reader, err := ops.New(w.pool, ops.Config{Schema: w.cfg.Schema})
+	reader, err := ops.New(w.pool, ops.Config{Schema: w.inst.Schema()})
 	if err != nil {
 		return err
 	}
@@ -258,13 +255,13 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descSkew, skew.Seconds())
 		gauge(descHeld, b2f(held))
 	}
-	if b, err := w.outbox.Backlog(ctx, w.pool); err != nil {
+	if b, err := ops.ReadBacklog(ctx, w.pool, w.inst.Store()); err != nil {
 		failed(scrapeBacklog, err)
 	} else {
 		gauge(descPending, float64(b.Pending))
 		gauge(descOldest, b.OldestAge.Seconds())
 	}
-	if s, err := reconcile.ReadStatus(ctx, w.pool, w.cfg.Schema); err != nil {
+	if s, err := reconcile.ReadStatus(ctx, w.pool, w.inst.Schema()); err != nil {
 		failed(scrapeReconcile, err)
 	} else {
 		gauge(descUnproven, float64(s.Unproven))
@@ -272,7 +269,7 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descRedriven, float64(s.Redriven))
 		gauge(descAlerted, float64(s.Alerted))
 	}
-	if js, err := ops.ReadJetStream(ctx, w.js, w.cfg.Stream.Name); err != nil {
+	if js, err := ops.ReadJetStream(ctx, w.js, w.inst.Stream().Name); err != nil {
 		failed(scrapeJetStream, err)
 	} else {
 		for _, cl := range js.Consumers {
@@ -346,7 +343,7 @@ func (l *lagWatch) run(ctx context.Context) error {
 func (l *lagWatch) sample(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, max(l.every, 2*time.Second))
 	defer cancel()
-	js, err := ops.ReadJetStream(rctx, l.w.js, l.w.cfg.Stream.Name)
+	js, err := ops.ReadJetStream(rctx, l.w.js, l.w.inst.Stream().Name)
 	if err != nil {
 		// The stream keeper and readiness report a missing stream.
 		if ctx.Err() == nil {

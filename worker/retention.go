@@ -11,18 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/internal/store"
 )
-
-// Outcome of the collector's events (Component idem.ComponentCollector, Name the
-// table).
-const OutcomeDeleted = "deleted"
-
-// OutcomeDropped is a partition dropped whole because every row in it had
-// expired (Count is 1 partition).
-const OutcomeDropped = "dropped"
 
 // DefaultDeadLetterRetention is how long a dead letter is kept after it was filed,
 // replayed or not. A dead letter is also kept, however old, until its replay
@@ -34,13 +26,16 @@ const DefaultDeadLetterRetention = 30 * 24 * time.Hour
 // (published rows only) and idem_dead_letters in bounded batches. Retention keeps
 // storage in check; the key lifetimes themselves are never shortened to do so.
 type collector struct {
-	pool    *pgxpool.Pool
-	schema  string
-	cfg     RetentionConfig
-	log     *slog.Logger
-	observe idem.Observer
-	tables  []collectedTable
-	clock   *clockGuard
+	pool   *pgxpool.Pool
+	schema string
+	cfg    RetentionConfig
+	// keyLifetime is the longest of the worker's consumers' inbox key lifetimes:
+	// the partitions are made ready out to it.
+	keyLifetime time.Duration
+	log         *slog.Logger
+	observe     idem.Observer
+	tables      []collectedTable
+	clock       *clockGuard
 
 	mu      sync.Mutex
 	waiting map[partition.Table]time.Time // the partitions_from last warned about, per table
@@ -119,9 +114,11 @@ type collectedTable struct {
 	defaultSQL string
 }
 
-func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger, observe idem.Observer) *collector {
-	c := &collector{pool: pool, schema: schema, cfg: cfg, log: log.With("component", "collector"), observe: observe, clock: newClockGuard()}
-	st := store.New(schema)
+func newCollector(inst *install.Installation, cfg RetentionConfig, keyLifetime time.Duration) *collector {
+	schema := inst.Schema()
+	c := &collector{pool: inst.Pool(), schema: schema, cfg: cfg, keyLifetime: keyLifetime,
+		log: inst.Logger().With("component", "collector"), observe: inst.Observer(), clock: newClockGuard()}
+	st := inst.Store()
 	c.tables = []collectedTable{
 		{name: string(partition.Inbox), sql: st.Inbox.Collect, defaultSQL: st.Inbox.CollectIn(partition.DefaultPartition(schema, partition.Inbox))},
 		{name: "idem_requests", sql: st.Requests.Collect},
@@ -135,9 +132,7 @@ func newCollector(pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *s
 
 // partitionConfig is the partitioner's configuration of this collector.
 func (c *collector) partitionConfig() partition.Config {
-	p := c.cfg.Partitions
-	p.Schema = c.schema
-	return p
+	return c.cfg.partitions(c.schema, c.keyLifetime)
 }
 
 // maintainPartitions makes partitions ready ahead and drops the expired ones, when
@@ -152,7 +147,7 @@ func (c *collector) maintainPartitions(ctx context.Context) error {
 	}
 	for _, p := range r.Dropped {
 		c.log.InfoContext(ctx, "collector: expired partition dropped", "table", p.Table, "partition", p.Name, "rows_estimate", p.Rows)
-		c.observe.Observe(idem.Event{Component: idem.ComponentCollector, Name: string(p.Table), Outcome: OutcomeDropped, Count: 1})
+		c.observe.Observe(idem.Event{Component: idem.ComponentCollector, Name: string(p.Table), Outcome: idem.OutcomeDropped, Count: 1})
 	}
 	for _, d := range r.Deferred {
 		c.log.WarnContext(ctx, "collector: partition maintenance deferred", "why", d)
@@ -246,36 +241,23 @@ func (c *collector) collectOnce(ctx context.Context) (total int64, err error) {
 			n := tag.RowsAffected()
 			total += n
 			if n > 0 {
-				c.observe.Observe(idem.Event{Component: idem.ComponentCollector, Name: table.name, Outcome: OutcomeDeleted, Count: int(n)})
+				c.observe.Observe(idem.Event{Component: idem.ComponentCollector, Name: table.name, Outcome: idem.OutcomeDeleted, Count: int(n)})
 			}
 			if n < int64(c.cfg.BatchSize) {
 				break
-			}
-			if c.cfg.Pause > 0 {
-				select {
-				case <-ctx.Done():
-					return total, ctx.Err()
-				case <-time.After(c.cfg.Pause):
-				}
 			}
 		}
 	}
 	return total, nil
 }
 
-// Collect runs one collection round on pool without a Worker: the partition
-// maintenance, then the deletion of every expired row, batch by batch, in schema.
+// Collect runs one collection round of inst without a Worker: the partition
+// maintenance, then the deletion of every expired row, batch by batch.
 // It returns how many rows it deleted. It is what the collector of a worker does
 // every Retention.Interval, for operators' jobs and benchmarks; having no earlier
 // round to compare with, it cannot tell that the database's clock jumped.
-func Collect(ctx context.Context, pool *pgxpool.Pool, schema string, cfg RetentionConfig, log *slog.Logger) (int64, error) {
-	if err := pgschema.Validate(schema); err != nil {
-		return 0, fmt.Errorf("worker: collect: %w", err)
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	n, err := newCollector(pool, schema, cfg.withDefaults(), log, nil).collectOnce(ctx)
+func Collect(ctx context.Context, inst *install.Installation, cfg RetentionConfig) (int64, error) {
+	n, err := newCollector(inst, cfg.withDefaults(), 0).collectOnce(ctx)
 	if err != nil {
 		return n, fmt.Errorf("worker: %w", err)
 	}
@@ -287,7 +269,7 @@ func Collect(ctx context.Context, pool *pgxpool.Pool, schema string, cfg Retenti
 func (w *Worker) CollectOnce(ctx context.Context) (int64, error) {
 	c := w.collector
 	if c == nil {
-		c = newCollector(w.pool, w.cfg.Schema, w.cfg.Retention, w.log, nil)
+		c = newCollector(w.inst, w.cfg.Retention, 0)
 	}
 	n, err := c.collectOnce(ctx)
 	if err != nil {

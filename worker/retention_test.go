@@ -62,7 +62,7 @@ func TestCollectOnceDeletesExpiredDeadLetters(t *testing.T) {
 		Stream:    outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
 		Retention: worker.RetentionConfig{BatchSize: 1000},
 		Observer: func(e idem.Event) {
-			if e.Component == idem.ComponentCollector && e.Name == "idem_dead_letters" && e.Outcome == worker.OutcomeDeleted {
+			if e.Component == idem.ComponentCollector && e.Name == "idem_dead_letters" && e.Outcome == idem.OutcomeDeleted {
 				mu.Lock()
 				batches = append(batches, e.Count)
 				mu.Unlock()
@@ -144,7 +144,7 @@ func TestCollectorOnPartitionedTables(t *testing.T) {
 	w, err := worker.New(db.Pool, env.NC, worker.Config{
 		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
 		Observer: func(e idem.Event) {
-			if e.Component == idem.ComponentCollector && e.Outcome == worker.OutcomeDropped {
+			if e.Component == idem.ComponentCollector && e.Outcome == idem.OutcomeDropped {
 				mu.Lock()
 				dropped += e.Count
 				mu.Unlock()
@@ -209,7 +209,7 @@ func TestCollectorRoundStraddlingConversionKeepsLiveKeys(t *testing.T) {
 		Observer: func(e idem.Event) {
 			// After the round's first batch of the inbox: convert, make the days,
 			// and claim live keys in them, at the same ctids as the default's rows.
-			if converted || e.Component != idem.ComponentCollector || e.Name != "idem_inbox" || e.Outcome != worker.OutcomeDeleted {
+			if converted || e.Component != idem.ComponentCollector || e.Name != "idem_inbox" || e.Outcome != idem.OutcomeDeleted {
 				return
 			}
 			converted = true

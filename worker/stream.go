@@ -8,17 +8,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/registry"
 
-	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/outbox"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // checkStream judges the real stream's configuration against what the worker needs,
 // at start. It returns an error for a stream that would lose or misplace messages
 // beyond what the reconciler repairs, and warnings for settings that cost re-drives
 // (or that lose messages outright when no reconciler runs, and then are errors).
-func checkStream(info *jetstream.StreamInfo, want outbox.StreamConfig, filters map[string]string, reconciling bool) (warnings []string, err error) {
+func checkStream(info *jetstream.StreamInfo, want install.Stream, filters map[string]string, reconciling bool) (warnings []string, err error) {
 	sc := info.Config
 	var problems []string
 	if sc.Retention == jetstream.WorkQueuePolicy {
@@ -99,7 +99,7 @@ func filterCovers(outer, inner string) bool {
 // stream's is refused when it breaks the invariant (the keeper recreates a lost
 // stream with it), and warned about otherwise.
 func (w *Worker) prepareStream(ctx context.Context) (*jetstream.StreamInfo, error) {
-	name, configured := w.cfg.Stream.Name, w.cfg.Stream.WithDefaults().MaxAge
+	name, configured := w.inst.Stream().Name, w.inst.Stream().WithDefaults().MaxAge
 	registered, err := w.registered(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -116,7 +116,7 @@ func (w *Worker) prepareStream(ctx context.Context) (*jetstream.StreamInfo, erro
 			}
 			return nil, err
 		}
-		s, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream)
+		s, err := w.inst.EnsureStream(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
@@ -128,7 +128,7 @@ func (w *Worker) prepareStream(ctx context.Context) (*jetstream.StreamInfo, erro
 	if !j.ok() {
 		return nil, fmt.Errorf("worker: refusing to start: %w", w.streamEditError(name, j))
 	}
-	if set := w.cfg.Stream.MaxAge; set != 0 && set != info.Config.MaxAge {
+	if set := w.inst.Stream().MaxAge; set != 0 && set != info.Config.MaxAge {
 		if cj := w.judgeLifetimes(set, registered); !cj.ok() {
 			return nil, fmt.Errorf("worker: refusing to start: the configured MaxAge %s differs from stream %s's MaxAge %s and breaks the lifetime invariant (the worker recreates the stream with it if the stream is lost); configure the stream's %s, or any MaxAge the invariant allows: %w",
 				set, name, info.Config.MaxAge, info.Config.MaxAge, cj.err())
@@ -148,12 +148,12 @@ func (w *Worker) prepareStream(ctx context.Context) (*jetstream.StreamInfo, erro
 // streamInfo reads the stream's state and configuration from the broker, or nil
 // when the stream does not exist.
 func (w *Worker) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
-	s, err := w.js.Stream(ctx, w.cfg.Stream.Name)
+	s, err := w.js.Stream(ctx, w.inst.Stream().Name)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
 		return nil, nil
 	case err != nil:
-		return nil, fmt.Errorf("worker: look up stream %s: %w", w.cfg.Stream.Name, err)
+		return nil, fmt.Errorf("worker: look up stream %s: %w", w.inst.Stream().Name, err)
 	}
 	return s.CachedInfo(), nil
 }
@@ -172,9 +172,9 @@ type streamKeeper struct {
 	health   atomic.Pointer[error]
 
 	// Only the keeper's goroutine touches these.
-	registered []reconcile.Consumer // as last read: kept while Postgres does not answer
-	reported   string               // the violation last logged, so each is logged once
-	unread     bool                 // the registry could not be read on the last tick
+	registered []registry.Consumer // as last read: kept while Postgres does not answer
+	reported   string              // the violation last logged, so each is logged once
+	unread     bool                // the registry could not be read on the last tick
 }
 
 func (k *streamKeeper) run(ctx context.Context) error {
@@ -192,7 +192,7 @@ func (k *streamKeeper) run(ctx context.Context) error {
 
 func (k *streamKeeper) check(ctx context.Context) {
 	w := k.w
-	name := w.cfg.Stream.Name
+	name := w.inst.Stream().Name
 	info, err := w.streamInfo(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -202,14 +202,14 @@ func (k *streamKeeper) check(ctx context.Context) {
 	}
 	k.readRegistry(ctx)
 	if info == nil {
-		configured := w.cfg.Stream.WithDefaults().MaxAge
+		configured := w.inst.Stream().WithDefaults().MaxAge
 		if j := w.judgeLifetimes(configured, k.registered); !j.ok() {
 			// Recreating it would break the invariant, and the stream would keep
 			// the MaxAge: better no stream, and readiness failing, until fixed.
 			k.report(ctx, fmt.Errorf("stream %s: missing, and not recreated: its configured MaxAge %s breaks the lifetime invariant: %v", name, configured, j.err()))
 			return
 		}
-		s, err := outbox.EnsureStream(ctx, w.js, w.cfg.Stream)
+		s, err := w.inst.EnsureStream(ctx)
 		if err != nil {
 			problem := fmt.Errorf("stream %s: missing, and recreating it failed", name)
 			k.health.Store(&problem)
@@ -250,7 +250,7 @@ func (k *streamKeeper) report(ctx context.Context, problem error) {
 	if problem == nil {
 		k.health.Store(nil)
 		if k.reported != "" {
-			k.w.log.InfoContext(ctx, "worker: the lifetime invariant holds again", "stream", k.w.cfg.Stream.Name)
+			k.w.log.InfoContext(ctx, "worker: the lifetime invariant holds again", "stream", k.w.inst.Stream().Name)
 		}
 		k.reported = ""
 		return
@@ -258,7 +258,7 @@ func (k *streamKeeper) report(ctx context.Context, problem error) {
 	k.health.Store(&problem)
 	if msg := problem.Error(); msg != k.reported {
 		k.w.log.ErrorContext(ctx, "worker: the lifetime invariant is broken; not ready until it is repaired (a late redelivery would run its effect twice)",
-			"stream", k.w.cfg.Stream.Name, "err", msg)
+			"stream", k.w.inst.Stream().Name, "err", msg)
 		k.reported = msg
 	}
 }

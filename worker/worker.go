@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/relay"
+	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -39,8 +40,8 @@ type component struct {
 // Worker runs idem's moving parts in one process; see the package documentation.
 // Build it with New, then Start it; Stop it to shut down gracefully.
 type Worker struct {
+	inst *install.Installation
 	pool *pgxpool.Pool
-	nc   *nats.Conn
 	js   jetstream.JetStream
 	cfg  Config
 	log  *slog.Logger
@@ -49,7 +50,7 @@ type Worker struct {
 	outbox    *outbox.Outbox
 	ingress   *producer.Middleware
 	consumers []*consumer.Consumer
-	relay     *outbox.Relay
+	relay     *relay.Relay
 	reconcile *reconcile.Reconciler
 	keeper    *streamKeeper
 	collector *collector
@@ -57,104 +58,64 @@ type Worker struct {
 	mu        sync.Mutex
 	started   bool
 	lifetimes []Lifetime
-	cancel    context.CancelFunc
+	cancel    context.CancelFunc // the soft stop: stop taking work
+	hardStop  context.CancelFunc // the hard stop: cancel the work in flight
 	done      chan struct{}
 	err       error
 }
 
-// New validates cfg and builds every component without touching the database or
-// the broker. pool and nc are the caller's: the worker never closes them.
-func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
-	if pool == nil || nc == nil {
-		return nil, errors.New("worker: a pgx pool and a NATS connection are required")
+// New validates cfg and builds every component of inst's worker without touching
+// the database or the broker. The worker's metrics observe every component beside
+// the installation's own Observer.
+func New(inst *install.Installation, cfg Config) (*Worker, error) {
+	if inst.JetStream() == nil {
+		return nil, errors.New("worker: the installation has no NATS connection")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return nil, fmt.Errorf("worker: jetstream: %w", err)
-	}
-	w := &Worker{pool: pool, nc: nc, js: js, cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	w := &Worker{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, log: inst.Logger(), done: make(chan struct{})}
 	w.metrics = newMetrics(w)
-	observe := idem.Observers(w.metrics.observe, cfg.Observer)
+	inst = inst.Observing(w.metrics.observe)
+	w.inst = inst
+	// Every part shares the installation's outbox wake-ups: the ingress wakes this
+	// worker's relay directly, no NOTIFY on its hot path.
+	w.outbox = outbox.New(inst)
 
-	// What the broker can carry bounds what the outbox accepts, and so what the
-	// ingress lets in: a request whose message could never be published is refused
-	// with 413 before anything commits.
-	maxPayload := nc.MaxPayload()
-	if w.outbox, err = outbox.New(outbox.Config{Schema: cfg.Schema, Subjects: cfg.Stream.Subjects, MaxPayload: maxPayload,
-		Stream: cfg.Stream.Name, TracerProvider: cfg.TracerProvider}); err != nil {
-		return nil, fmt.Errorf("worker: %w", err)
-	}
-	budget := connectionBudget(pool, cfg)
+	budget := connectionBudget(w.pool, cfg)
 	if budget.short != "" {
 		w.log.Warn("worker: " + budget.short)
 	}
+	var err error
 	if cfg.Ingress != nil {
 		ic := *cfg.Ingress
-		ic.Schema = cfg.Schema
-		ic.Outbox = w.outbox
-		ic.Observer = idem.Observers(observe, ic.Observer)
-		if ic.Logger == nil {
-			ic.Logger = w.log
-		}
+		// What the broker can carry bounds what the outbox accepts, and so what
+		// the ingress lets in: a request whose message could never be published is
+		// refused with 413 before anything commits.
 		if ic.MaxBodyBytes == 0 {
-			ic.MaxBodyBytes = min(producer.DefaultMaxBodyBytes, maxPayload-headerReserve)
+			ic.MaxBodyBytes = min(producer.DefaultMaxBodyBytes, inst.JetStream().Conn().MaxPayload()-headerReserve)
 		}
 		if ic.MaxInFlight == 0 {
 			ic.MaxInFlight = budget.ingress
 		}
-		if w.ingress, err = producer.NewMiddleware(pool, ic); err != nil {
+		if w.ingress, err = producer.NewMiddleware(inst, ic); err != nil {
 			return nil, fmt.Errorf("worker: ingress: %w", err)
 		}
 	}
 	for _, cc := range cfg.Consumers {
-		cc.Stream = cfg.Stream.Name
-		cc.Schema = cfg.Schema
-		cc.Observer = idem.Observers(observe, cc.Observer)
-		if cc.Logger == nil {
-			cc.Logger = w.log
-		}
-		if cc.TracerProvider == nil {
-			cc.TracerProvider = cfg.TracerProvider
-		}
-		c, err := consumer.New(pool, js, cc)
+		c, err := consumer.New(inst, cc)
 		if err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 		w.consumers = append(w.consumers, c)
 	}
 	if !cfg.DisableRelay {
-		rc := cfg.Relay
-		rc.Schema, rc.Stream = cfg.Schema, cfg.Stream.Name
-		// The ingress wakes this relay directly: no NOTIFY on its hot path.
-		rc.Outbox = w.outbox
-		if rc.TracerProvider == nil {
-			rc.TracerProvider = cfg.TracerProvider
-		}
-		rc.Observer = idem.Observers(observe, rc.Observer)
-		if rc.Logger == nil {
-			rc.Logger = w.log
-		}
-		if !cfg.DisableReconciler {
-			rc.AwaitProof = true
-		}
-		if w.relay, err = outbox.NewRelay(pool, js, rc); err != nil {
+		if w.relay, err = relay.New(inst, cfg.Relay.config(cfg)); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 		if !cfg.DisableReconciler {
-			rec := cfg.Reconcile
-			rec.Schema, rec.Stream = cfg.Schema, cfg.Stream.Name
-			rec.Observer = idem.Observers(observe, rec.Observer)
-			if rec.Retention == 0 {
-				rec.Retention = cfg.Relay.Retention
-			}
-			if rec.Logger == nil {
-				rec.Logger = w.log
-			}
-			if w.reconcile, err = reconcile.New(pool, js, rec); err != nil {
+			if w.reconcile, err = reconcile.New(inst, cfg.Reconcile.config(cfg)); err != nil {
 				return nil, fmt.Errorf("worker: %w", err)
 			}
 		}
@@ -167,11 +128,11 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Worker, error) {
 	}
 	w.keeper = &streamKeeper{w: w, interval: keeperEvery}
 	if !cfg.DisableRetention {
-		ret := cfg.Retention
+		var keyLifetime time.Duration
 		for _, c := range w.consumers {
-			ret.Partitions.KeyLifetime = max(ret.Partitions.KeyLifetime, c.Config().KeyLifetime)
+			keyLifetime = max(keyLifetime, c.Config().KeyLifetime)
 		}
-		w.collector = newCollector(pool, cfg.Schema, ret, w.log, observe)
+		w.collector = newCollector(inst, cfg.Retention, keyLifetime)
 	}
 	return w, nil
 }
@@ -197,7 +158,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("worker: already started")
 	}
-	mcfg := migrations.Config{Schema: w.cfg.Schema}
+	mcfg := migrations.Config{Schema: w.inst.Schema()}
 	if w.cfg.NoMigrate {
 		if err := migrations.Check(ctx, w.pool, mcfg); err != nil {
 			return fmt.Errorf("worker: started with NoMigrate: %w", err)
@@ -219,7 +180,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	for _, c := range w.consumers {
 		filters[c.Config().Name] = c.Config().Subject
 	}
-	warnings, err := checkStream(info, w.cfg.Stream, filters, w.reconcile != nil)
+	warnings, err := checkStream(info, w.inst.Stream(), filters, w.reconcile != nil)
 	if err != nil {
 		return fmt.Errorf("worker: refusing to start: %w", err)
 	}
@@ -249,8 +210,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		comps = append(comps, component{"collector", w.collector.run})
 	}
 	comps = append(comps, component{"stream keeper", w.keeper.run}, component{"lag watch", w.metrics.lag.run})
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w.cancel = cancel
+	// Work in flight runs on a context that outlives the soft stop (a batch
+	// commits and acks, an effect completes, the relay marks its batch) and ends
+	// only at the hard stop; the components stop taking work when runCtx ends.
+	workCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	runCtx, cancel := context.WithCancel(stop.WithWork(workCtx, workCtx))
+	w.cancel, w.hardStop = cancel, hardStop
 	w.started = true
 	var wg sync.WaitGroup
 	for _, c := range comps {
@@ -264,9 +229,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	go func() {
 		wg.Wait()
+		hardStop()
 		close(w.done)
 	}()
-	w.log.InfoContext(ctx, "worker started", "stream", w.cfg.Stream.Name, "consumers", len(w.consumers),
+	w.log.InfoContext(ctx, "worker started", "stream", w.inst.Stream().Name, "consumers", len(w.consumers),
 		"relay", w.relay != nil, "reconciler", w.reconcile != nil, "retention", w.collector != nil, "ingress", w.ingress != nil)
 	return nil
 }
@@ -284,14 +250,20 @@ func (w *Worker) fail(ctx context.Context, err error) {
 	cancel()
 }
 
-// Stop stops fetching, lets work in flight finish (batches commit and ack, the
-// relay marks its batch, effects complete) and returns when every component has
-// returned, or with ctx's error when ctx ends first (unacked messages are simply
-// redelivered later, so nothing is lost either way). It returns the first component
-// failure, if there was one.
+// Stop shuts the worker down in two steps. The soft stop comes first: it stops
+// fetching and lets the work in flight finish (batches commit and ack, the relay
+// marks its batch, effects complete). If ctx ends before that work is done, the
+// hard stop follows: the handlers' contexts are cancelled, so an in-transaction
+// batch rolls back and an external effect is abandoned, and their messages are
+// redelivered later, as after a crash; nothing is lost. Either way Stop returns
+// only once every goroutine of the worker has returned — after a hard stop, with
+// ctx's error. Otherwise it returns the first component failure, if there was one.
+//
+// A handler that ignores its context's cancellation holds the hard stop up until
+// it returns.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
-	started, cancel := w.started, w.cancel
+	started, cancel, hardStop := w.started, w.cancel, w.hardStop
 	w.mu.Unlock()
 	if !started {
 		return nil
@@ -301,8 +273,11 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-w.done:
 		return w.Err()
 	case <-ctx.Done():
-		return fmt.Errorf("worker: stop: %w", ctx.Err())
 	}
+	w.log.WarnContext(ctx, "worker: work in flight did not finish in time; cancelling it (its messages are redelivered)")
+	hardStop()
+	<-w.done
+	return fmt.Errorf("worker: stop: work in flight cancelled: %w", ctx.Err())
 }
 
 // Done is closed once every component has returned: after Stop, or after a
@@ -324,11 +299,11 @@ func (w *Worker) Ingress() *producer.Middleware { return w.ingress }
 
 // Outbox is the outbox the ingress enqueues into, bound to the stream's subjects;
 // producers outside HTTP (a scheduled job, a gRPC handler) use it in their own
-// transactions.
+// transactions. Its Wake reaches this worker's relay directly.
 func (w *Worker) Outbox() *outbox.Outbox { return w.outbox }
 
-// JetStream is the JetStream context the worker uses.
-func (w *Worker) JetStream() jetstream.JetStream { return w.js }
+// Installation is the worker's installation, observed by its metrics.
+func (w *Worker) Installation() *install.Installation { return w.inst }
 
 // Consumers returns the configurations of the consumers, defaults filled in.
 func (w *Worker) Consumers() []consumer.Config {

@@ -180,7 +180,7 @@ func TestUserTopologyThroughTheCompositionRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 45*time.Second, "the re-publish folded", func() bool {
-		return out.Get(consumer.OutcomeDuplicate) >= 1 && drained()
+		return out.Get(idem.OutcomeDuplicate) >= 1 && drained()
 	})
 	for key, want := range map[string]int{k1: 1, k2: 1} {
 		if n := o.env.DB.Count(t, `SELECT count(*) FROM public.shipments WHERE order_key = $1`, key); n != want {

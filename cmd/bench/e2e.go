@@ -121,9 +121,9 @@ func runPipeline(ctx context.Context, env *Env, cfg PipelineConfig) (pipelineRun
 		Logger:       cfg.Log,
 		Observer: func(e idem.Event) {
 			switch e.Outcome {
-			case consumer.OutcomeProcessed:
+			case idem.OutcomeProcessed:
 				processed.Add(int64(e.Count))
-			case consumer.OutcomeDuplicate:
+			case idem.OutcomeDuplicate:
 				duplicates.Add(int64(e.Count))
 			}
 		},

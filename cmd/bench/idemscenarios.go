@@ -43,7 +43,7 @@ func runIdemConsumer(ctx context.Context, env *Env, cfg ConsumerConfig) ([]Resul
 		Logger:       cfg.Log,
 		// Told after the acks of each batch.
 		Observer: func(e idem.Event) {
-			if e.Outcome == consumer.OutcomeProcessed || e.Outcome == consumer.OutcomeDuplicate {
+			if e.Outcome == idem.OutcomeProcessed || e.Outcome == idem.OutcomeDuplicate {
 				settled.Add(e.Count)
 			}
 		},
@@ -178,9 +178,9 @@ func runRelay(ctx context.Context, env *Env, cfg RelayBenchConfig) ([]Result, er
 func relayObserver(published *counter, failed *atomic.Int64) idem.Observer {
 	return func(e idem.Event) {
 		switch e.Outcome {
-		case outbox.OutcomePublished:
+		case idem.OutcomePublished:
 			published.Add(e.Count)
-		case outbox.OutcomeFailed:
+		case idem.OutcomeFailed:
 			if failed != nil {
 				failed.Add(int64(e.Count))
 			}

@@ -106,9 +106,9 @@ func runOrderedVariant(ctx context.Context, env *Env, opts Options, log *slog.Lo
 	var failed atomic.Int64
 	observe := func(e idem.Event) {
 		switch e.Outcome {
-		case consumer.OutcomeProcessed:
+		case idem.OutcomeProcessed:
 			applied.Add(e.Count)
-		case consumer.OutcomeFailed:
+		case idem.OutcomeFailed:
 			failed.Add(int64(e.Count))
 		}
 	}

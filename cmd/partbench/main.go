@@ -43,8 +43,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedupe"
-	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/internal/partition"
+	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/worker"
 )
 

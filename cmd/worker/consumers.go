@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/idemkit/idem/internal/registry"
 	"context"
 	"errors"
 	"flag"
@@ -61,7 +62,7 @@ func runConsumers(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if err := reconcile.Rename(ctx, pool, o.schema, from, to, force); err != nil {
+	if err := registry.Rename(ctx, pool, o.schema, from, to, force); err != nil {
 		return fmt.Errorf("consumers rename: %w", err)
 	}
 	fmt.Fprintf(stdout, "renamed consumer %s to %s: its inbox, attempts, dead letters and registry entry\n", from, to)

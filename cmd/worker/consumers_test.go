@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/idemkit/idem/internal/registry"
 	"context"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func TestConsumersRename(t *testing.T) {
 	if _, err := js.CreateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{Durable: "charges", FilterSubject: refapp.SubjectCharge, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reconcile.Register(ctx, db.Pool, "", reconcile.Consumer{Name: "charges", Stream: refapp.StreamName, FilterSubject: refapp.SubjectCharge, KeyLifetime: 72 * time.Hour}, false); err != nil {
+	if _, err := registry.Register(ctx, db.Pool, "", registry.Consumer{Name: "charges", Stream: refapp.StreamName, FilterSubject: refapp.SubjectCharge, KeyLifetime: 72 * time.Hour}, false); err != nil {
 		t.Fatal(err)
 	}
 	db.Count(t, `WITH i AS (INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)

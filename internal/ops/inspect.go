@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/idemkit/idem/internal/registry"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // KeyReport is everything the database knows about one key.
@@ -199,7 +199,7 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 			return err
 		}
 		if len(rep.Outbox) > 0 {
-			consumers, err := reconcile.Registered(ctx, tx, r.cfg.Schema)
+			consumers, err := registry.Registered(ctx, tx, r.cfg.Schema)
 			if err != nil {
 				return fmt.Errorf("ops: inspect: %w", err)
 			}
@@ -230,13 +230,13 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 // deliveries says, for each consumer that should settle m, whether it has: by the
 // reconciler's rules, an unexpired inbox row of the message that is done, or a
 // dead letter of the message filed since m was written.
-func deliveries(m *OutboxRow, consumers []reconcile.Consumer, inbox []InboxRow, dead []DeadLetter, asOf time.Time) []Delivery {
+func deliveries(m *OutboxRow, consumers []registry.Consumer, inbox []InboxRow, dead []DeadLetter, asOf time.Time) []Delivery {
 	stream := ""
 	if m.Stream != nil {
 		stream = *m.Stream
 	}
 	replayFor := m.Headers[idem.HeaderReplayFor]
-	expected := reconcile.Expected(consumers, stream, m.Subject, replayFor, m.CreatedAt)
+	expected := registry.Expected(consumers, stream, m.Subject, replayFor, m.CreatedAt)
 	if stream == "" {
 		// Not published yet (or before schema v4): whoever reads the subject.
 		expected = nil

@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
-	"github.com/idemkit/idem/outbox"
 )
 
 // DB is what ops needs of a database handle: *pgxpool.Pool and *pgx.Conn both
@@ -33,10 +32,9 @@ type Config struct {
 // Reader reads idem's tables of one schema, and the application's through its
 // hooks. It holds no connection of its own and is safe for concurrent use.
 type Reader struct {
-	db     DB
-	cfg    Config
-	st     *store.Store
-	outbox *outbox.Outbox
+	db  DB
+	cfg Config
+	st  *store.Store
 }
 
 // New returns a Reader of db.
@@ -47,13 +45,7 @@ func New(db DB, cfg Config) (*Reader, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("ops: %w", err)
 	}
-	// The outbox owns the definition of its backlog; Stats asks it rather than
-	// keeping a copy of the SQL.
-	ob, err := outbox.New(outbox.Config{Schema: cfg.Schema})
-	if err != nil {
-		return nil, fmt.Errorf("ops: %w", err)
-	}
-	return &Reader{db: db, cfg: cfg, st: store.New(cfg.Schema), outbox: ob}, nil
+	return &Reader{db: db, cfg: cfg, st: store.New(cfg.Schema)}, nil
 }
 
 // snapshot runs f in a read-only, repeatable-read transaction, with the database's

@@ -3,6 +3,7 @@ package ops
 import (
 	"context"
 	"fmt"
+	"github.com/idemkit/idem/internal/registry"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,9 +33,9 @@ type Stats struct {
 	Delivery reconcile.Status `json:"delivery"`
 	// Consumers are the consumers registered in idem_consumers: those whose
 	// settlement proves an intent delivered.
-	Consumers   []reconcile.Consumer `json:"consumers"`
-	Inbox       []InboxCount         `json:"inbox"`
-	DeadLetters DeadLetterStats      `json:"dead_letters"`
+	Consumers   []registry.Consumer `json:"consumers"`
+	Inbox       []InboxCount        `json:"inbox"`
+	DeadLetters DeadLetterStats     `json:"dead_letters"`
 	// Counts are the application's totals, read by Config.Counts (empty without it).
 	Counts []Count `json:"counts"`
 	// JetStream is left nil by Stats; set it from ReadJetStream to report both.
@@ -50,7 +51,7 @@ type RequestStats struct {
 }
 
 // OutboxStats counts idem_outbox. Pending and the oldest pending row are the
-// outbox's own Backlog, the definition the metrics use too.
+// outbox's backlog (ReadBacklog), the definition the metrics use too.
 type OutboxStats struct {
 	Pending int64 `json:"pending"`
 	// Failing are pending rows whose publish was tried and failed at least once.
@@ -98,7 +99,7 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 				return fmt.Errorf("ops: stats: %w", err)
 			}
 		}
-		b, err := r.outbox.Backlog(ctx, tx)
+		b, err := ReadBacklog(ctx, tx, r.st)
 		if err != nil {
 			return fmt.Errorf("ops: stats: %w", err)
 		}
@@ -110,7 +111,7 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 		if s.Delivery, err = reconcile.ReadStatus(ctx, tx, r.cfg.Schema); err != nil {
 			return fmt.Errorf("ops: stats: %w", err)
 		}
-		if s.Consumers, err = reconcile.Registered(ctx, tx, r.cfg.Schema); err != nil {
+		if s.Consumers, err = registry.Registered(ctx, tx, r.cfg.Schema); err != nil {
 			return fmt.Errorf("ops: stats: %w", err)
 		}
 		if s.Inbox, err = queryAll(ctx, tx, "inbox stats", r.st.Inbox.Stats, pgx.RowToStructByPos[InboxCount]); err != nil {
@@ -151,7 +152,7 @@ func (r *Reader) Summary(ctx context.Context) (*Summary, error) {
 	s := &Summary{}
 	err := r.snapshot(ctx, func(tx pgx.Tx, asOf time.Time) error {
 		s.AsOf = asOf
-		b, err := r.outbox.Backlog(ctx, tx)
+		b, err := ReadBacklog(ctx, tx, r.st)
 		if err != nil {
 			return fmt.Errorf("ops: summary: %w", err)
 		}

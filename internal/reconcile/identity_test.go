@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
@@ -97,7 +99,7 @@ func TestRedriveReachesOnlyTheMissingConsumers(t *testing.T) {
 	}
 	b.env.DB.Count(t, `WITH d AS (DELETE FROM idem_inbox WHERE consumer = 'settled' RETURNING 1) SELECT count(*) FROM d`)
 	b.drain(t)
-	testenv.Eventually(t, 10*time.Second, "settled skips the copy", func() bool { return skipped.Get(consumer.OutcomeSkipped) == 1 })
+	testenv.Eventually(t, 10*time.Second, "settled skips the copy", func() bool { return skipped.Get(idem.OutcomeSkipped) == 1 })
 	b.consumer(t, "missing", testenv.Subject)
 	b.passUntil(t, "complete", func(r reconcile.Report) bool { return r.Completed == 1 })
 	if got := b.env.Effects(t, "k-1"); got != 2 {
@@ -230,7 +232,7 @@ func TestADurableBelongsToOneInstallation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reconcile.Register(context.Background(), other.Pool, "", reconcile.Consumer{Name: "shared", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: 72 * time.Hour}, false); err != nil {
+	if _, err := registry.Register(context.Background(), other.Pool, "", registry.Consumer{Name: "shared", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: 72 * time.Hour}, false); err != nil {
 		t.Fatal(err)
 	}
 	if err := pgx.BeginFunc(context.Background(), other.Pool, func(tx pgx.Tx) error {
@@ -288,7 +290,7 @@ func TestWhereANewConsumerStarts(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "late backfills", func() bool { return b.env.Effects(t, "k-old") == 2 && b.env.Effects(t, "k-new") == 3 })
 
 	// Stopped and started again, a StartNew consumer keeps where it started.
-	regs, err := reconcile.Registered(context.Background(), b.env.DB.Pool, "")
+	regs, err := registry.Registered(context.Background(), b.env.DB.Pool, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,19 +314,19 @@ func TestRenameKeepsTheInbox(t *testing.T) {
 	stop()
 
 	ctx := context.Background()
-	if err := reconcile.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); !errors.Is(err, reconcile.ErrStillRunning) {
+	if err := registry.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); !errors.Is(err, registry.ErrStillRunning) {
 		t.Fatalf("rename of a consumer seen a moment ago = %v; want ErrStillRunning", err)
 	}
 	b.env.DB.Count(t, `WITH u AS (UPDATE idem_consumers SET last_seen_at = now() - interval '1 hour' RETURNING 1) SELECT count(*) FROM u`)
-	reg, err := reconcile.Register(ctx, b.env.DB.Pool, "", reconcile.Consumer{Name: "probe", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: time.Hour}, false)
+	reg, err := registry.Register(ctx, b.env.DB.Pool, "", registry.Consumer{Name: "probe", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: time.Hour}, false)
 	if err != nil || !reg.New || len(reg.LikelyRenamedFrom) != 1 || reg.LikelyRenamedFrom[0] != "charges" {
 		t.Fatalf("a new name beside a vanished one: %+v, %v; want charges named as a likely rename", reg, err)
 	}
-	if _, err := reconcile.Forget(ctx, b.env.DB.Pool, "", "probe"); err != nil {
+	if _, err := registry.Forget(ctx, b.env.DB.Pool, "", "probe"); err != nil {
 		t.Fatal(err)
 	}
 
-	if err := reconcile.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); err != nil {
+	if err := registry.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); err != nil {
 		t.Fatal(err)
 	}
 	b.consumer(t, "ledger", testenv.Subject)
@@ -337,7 +339,7 @@ func TestRenameKeepsTheInbox(t *testing.T) {
 	// The old behaviour, for contrast: a new name without Rename.
 	b.consumer(t, "other", testenv.Subject)
 	testenv.Eventually(t, 10*time.Second, "other reads the history", func() bool { return b.env.AllEffects(t) == 6 })
-	if regs, _ := reconcile.Registered(ctx, b.env.DB.Pool, ""); len(regs) != 2 {
+	if regs, _ := registry.Registered(ctx, b.env.DB.Pool, ""); len(regs) != 2 {
 		t.Errorf("registered after the rename = %v; want ledger and other", regs)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,40 +12,18 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/installation"
-	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
-)
-
-// Outcomes of the reconciler's Events (Component idem.ComponentReconciler), one
-// event per pass and outcome that occurred, Count rows.
-const (
-	// OutcomeCompleted: rows proven settled by every consumer that should see them.
-	OutcomeCompleted = "completed"
-	// OutcomeLagging: rows still in the stream, not yet settled by some consumer.
-	OutcomeLagging = "lagging"
-	// OutcomeUnrouted: rows no registered consumer reads.
-	OutcomeUnrouted = "unrouted"
-	// OutcomeRedriven: rows the stream lost, handed back to the relay under a new
-	// Msg-Id generation.
-	OutcomeRedriven = "redriven"
-	// OutcomeAlerted: rows past every horizon, given up on and dead-lettered.
-	OutcomeAlerted = "alerted"
 )
 
 // DefaultAfter is how long a published intent may stay unsettled before the
 // reconciler looks for it in the stream (the worker's --reconcile-after).
 const DefaultAfter = 5 * time.Minute
 
-// Config configures a Reconciler. Stream is required; the zero value of every other
-// field means its default.
+// Config tunes a Reconciler; the zero value of every field means its default.
 type Config struct {
-	// Schema is the Postgres schema of the idem_* tables (default "public").
-	Schema string
-	// Stream is the stream whose published rows this reconciler proves. Rows the
-	// relay published into another stream are left to that stream's reconciler.
-	Stream string
 	// After is how long after its publish an unsettled row is judged (default
 	// DefaultAfter): until then it is simply in flight. A lagging row is looked at
 	// in the stream again one After later, not on every pass.
@@ -62,7 +39,7 @@ type Config struct {
 	Retention time.Duration
 	// UnroutedHorizon is how long a row no registered consumer reads is waited
 	// for (a consumer may be deployed late) before it is given up on and
-	// dead-lettered under outbox.RelayConsumer (default 72h).
+	// dead-lettered under the relay's name (default 72h).
 	UnroutedHorizon time.Duration
 	// Margin is subtracted, with the stream's MaxAge, from the shortest key
 	// lifetime of the consumers that read a row, to make the horizon past which a
@@ -75,19 +52,10 @@ type Config struct {
 	// another database (see docs/ARCHITECTURE.md, "Consumers in other
 	// databases"), which the reconciler cannot see.
 	Trusted []string
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-	// Observer is told each pass's outcomes.
-	Observer idem.Observer
 }
 
-func (c Config) validate() error {
-	if err := pgschema.Validate(c.Schema); err != nil {
-		return fmt.Errorf("reconcile: %w", err)
-	}
-	if c.Stream == "" {
-		return errors.New("reconcile: Stream is required")
-	}
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
 	for _, f := range c.Trusted {
 		if err := idem.ValidateFilter(f); err != nil {
 			return fmt.Errorf("reconcile: Trusted: %w", err)
@@ -118,38 +86,34 @@ func (c Config) withDefaults() Config {
 	if c.Margin == 0 {
 		c.Margin = time.Hour
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	return c
 }
 
 // Reconciler proves published intents complete and re-drives what the stream lost;
 // see the package documentation.
 type Reconciler struct {
+	inst    *install.Installation
 	pool    *pgxpool.Pool
 	js      jetstream.JetStream
 	cfg     Config
+	stream  string // the installation's: rows the relay published elsewhere are not this reconciler's
 	log     *slog.Logger
+	observe idem.Observer
 	st      *store.Store
-	channel string
-
-	mu      sync.Mutex
-	install string // the installation's name (internal/installation), once known
 }
 
-// New returns a reconciler. It does not touch the database or the broker until
-// Run or Pass.
-func New(pool *pgxpool.Pool, js jetstream.JetStream, cfg Config) (*Reconciler, error) {
-	if err := cfg.validate(); err != nil {
+// New returns a reconciler of inst's published rows. It does not touch the
+// database or the broker until Run or Pass.
+func New(inst *install.Installation, cfg Config) (*Reconciler, error) {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if pool == nil || js == nil {
-		return nil, errors.New("reconcile: a pgx pool and a JetStream context are required")
+	if inst.JetStream() == nil {
+		return nil, errors.New("reconcile: the installation has no NATS connection")
 	}
 	cfg = cfg.withDefaults()
-	return &Reconciler{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "reconciler"),
-		st: store.New(cfg.Schema), channel: pgschema.Channel(cfg.Schema, "idem_outbox")}, nil
+	return &Reconciler{inst: inst, pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: inst.Stream().Name,
+		log: inst.Logger().With("component", "reconciler"), observe: inst.Observer(), st: inst.Store()}, nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -159,7 +123,7 @@ func (r *Reconciler) Config() Config { return r.cfg }
 // the broker is down) is logged and tried again at the next interval: nothing is
 // lost by waiting, the rows stay unproven.
 func (r *Reconciler) Run(ctx context.Context) error {
-	r.log.InfoContext(ctx, "reconciler started", "stream", r.cfg.Stream, "after", r.cfg.After, "interval", r.cfg.Interval)
+	r.log.InfoContext(ctx, "reconciler started", "stream", r.stream, "after", r.cfg.After, "interval", r.cfg.Interval)
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -196,11 +160,11 @@ func (p *Report) add(q Report) {
 // returns what it did.
 func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	var total Report
-	consumers, err := Registered(ctx, r.pool, r.cfg.Schema)
+	consumers, err := registry.Registered(ctx, r.pool, r.inst.Schema())
 	if err != nil {
 		return total, err
 	}
-	install, err := r.installation(ctx)
+	install, err := r.inst.Identify(ctx)
 	if err != nil {
 		return total, err
 	}
@@ -208,7 +172,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	for {
 		// The stream's state is read afresh for each batch: a row re-published
 		// since the last read must not look beyond the stream's end.
-		s := &streamView{js: r.js, name: r.cfg.Stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation)}
+		s := &streamView{js: r.js, name: r.stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation)}
 		rep, last, err := r.batch(ctx, consumers, s, after)
 		total.add(rep)
 		if err != nil {
@@ -219,31 +183,16 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 		}
 		after = last
 	}
-	for outcome, n := range map[string]int{OutcomeCompleted: total.Completed, OutcomeLagging: total.Lagging,
-		OutcomeUnrouted: total.Unrouted, OutcomeRedriven: total.Redriven, OutcomeAlerted: total.Alerted} {
+	for outcome, n := range map[idem.Outcome]int{idem.OutcomeCompleted: total.Completed, idem.OutcomeLagging: total.Lagging,
+		idem.OutcomeUnrouted: total.Unrouted, idem.OutcomeRedriven: total.Redriven, idem.OutcomeAlerted: total.Alerted} {
 		if n > 0 {
-			r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentReconciler, Outcome: outcome, Count: n})
+			r.observe.Observe(idem.Event{Component: idem.ComponentReconciler, Outcome: outcome, Count: n})
 		}
 	}
 	if total.Redriven > 0 {
 		r.log.WarnContext(ctx, "reconcile: re-drove intents the stream lost", "rows", total.Redriven)
 	}
 	return total, nil
-}
-
-// installation names the installation this reconciler proves for, asking the
-// database once.
-func (r *Reconciler) installation(ctx context.Context) (string, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.install == "" {
-		name, err := installation.Of(ctx, r.pool, r.cfg.Schema)
-		if err != nil {
-			return "", fmt.Errorf("reconcile: %w", err)
-		}
-		r.install = name
-	}
-	return r.install, nil
 }
 
 // unproven is one row the pass judges.
@@ -254,16 +203,16 @@ type unproven struct {
 	msgID, replayFor  string
 	seq               int64
 	generation        int
-	written           time.Time     // created_at
-	age               time.Duration // since created, by the database's clock
-	due               bool          // published at least After ago
-	lookInStream      bool          // not looked for in the stream for After
-	expected, missing []Consumer    // who should settle it; who has not
+	written           time.Time           // created_at
+	age               time.Duration       // since created, by the database's clock
+	due               bool                // published at least After ago
+	lookInStream      bool                // not looked for in the stream for After
+	expected, missing []registry.Consumer // who should settle it; who has not
 }
 
 // batch judges up to BatchSize rows with ids above after, in one transaction, and
 // returns the last id it saw (0 when there were none).
-func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamView, after int64) (Report, int64, error) {
+func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s *streamView, after int64) (Report, int64, error) {
 	var rep Report
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
@@ -298,8 +247,8 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 			continue // in flight
 		case len(u.expected) == 0:
 			if u.age >= r.cfg.UnroutedHorizon {
-				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, relayConsumer), append(alertHorizon, 0)
-				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: no registered consumer reads %s on stream %s; waited %s", u.subject, r.cfg.Stream, r.cfg.UnroutedHorizon))
+				alertIDs, alertFor, alertHorizon = append(alertIDs, u.id), append(alertFor, store.RelayConsumer), append(alertHorizon, 0)
+				alertWhy = append(alertWhy, fmt.Sprintf("reconcile: no registered consumer reads %s on stream %s; waited %s", u.subject, r.stream, r.cfg.UnroutedHorizon))
 				continue
 			}
 			unrouted = append(unrouted, u.id)
@@ -362,7 +311,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
 		}
 		if redriven = len(ids); redriven > 0 {
-			if _, err := tx.Exec(ctx, sqlNotify, r.channel); err != nil {
+			if _, err := tx.Exec(ctx, r.st.Outbox.Notify, r.st.Outbox.Channel); err != nil {
 				return rep, 0, fmt.Errorf("reconcile: re-drive: notify: %w", err)
 			}
 		}
@@ -385,12 +334,8 @@ func (r *Reconciler) batch(ctx context.Context, consumers []Consumer, s *streamV
 	return rep, rows[len(rows)-1].id, nil
 }
 
-// relayConsumer is outbox.RelayConsumer (not imported, to keep the packages apart):
-// the dead letters of rows that no consumer ever took, replayed to every consumer.
-const relayConsumer = "(relay)"
-
 func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unproven, error) {
-	rs, err := tx.Query(ctx, r.st.Outbox.Unproven, r.cfg.Stream, after, r.cfg.After, r.cfg.BatchSize)
+	rs, err := tx.Query(ctx, r.st.Outbox.Unproven, r.stream, after, r.cfg.After, r.cfg.BatchSize)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: load: %w", err)
 	}
@@ -409,12 +354,12 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unpro
 
 // settle fills each row's expected and missing consumers: who should see it, and
 // who has not settled it.
-func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []Consumer, rows []*unproven) error {
+func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []registry.Consumer, rows []*unproven) error {
 	var names, keys, messages []string
 	var written []time.Time
 	var ids []int64
 	for _, u := range rows {
-		u.expected = Expected(consumers, r.cfg.Stream, u.subject, u.replayFor, u.written)
+		u.expected = registry.Expected(consumers, r.stream, u.subject, u.replayFor, u.written)
 		for _, c := range u.expected {
 			names, keys, messages = append(names, c.Name), append(keys, u.key), append(messages, u.message)
 			written, ids = append(written, u.written), append(ids, u.id)
@@ -492,6 +437,3 @@ func countDistinct(sortedIDs []int64) int {
 	}
 	return n
 }
-
-// sqlNotify wakes the relays of the schema (the channel is the outbox's).
-const sqlNotify = `SELECT pg_notify($1, '')`

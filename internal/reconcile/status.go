@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -28,7 +30,7 @@ type Status struct {
 }
 
 // ReadStatus reads the Status of schema's outbox.
-func ReadStatus(ctx context.Context, db Querier, schema string) (Status, error) {
+func ReadStatus(ctx context.Context, db registry.Querier, schema string) (Status, error) {
 	var s Status
 	var age float64
 	err := db.QueryRow(ctx, store.New(schema).Outbox.Status).Scan(&s.Unproven, &age, &s.Lagging, &s.Unrouted, &s.Redriven, &s.Alerted)

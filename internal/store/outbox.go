@@ -245,12 +245,23 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND attempts
 )
 
 // Outbox is the SQL of idem_outbox, qualified for one schema.
+// EnqueuedAtLayout formats a row's created_at in idem.HeaderEnqueuedAt: UTC,
+// microseconds (Postgres's precision), fixed width, so the outbox's size check
+// counts it exactly.
+const EnqueuedAtLayout = "2006-01-02T15:04:05.000000Z07:00"
+
 type Outbox struct {
+	// Channel is the LISTEN/NOTIFY channel that wakes the schema's relays; Notify
+	// sends on it ($1: the channel).
+	Channel                                                                                                                                                                                 string
+	Notify                                                                                                                                                                                  string
 	Enqueue, EnqueueOne, Claim, Load, MarkPublished, Backlog, MarkFailed, ClaimUnordered, LockOrdered, ClaimOrdered, Unproven, Complete, Verdict, Redrive, Status, Inspect, Collect, Counts string
 }
 
-func newOutbox(q func(string) string) Outbox {
+func newOutbox(q func(string) string, channel string) Outbox {
 	return Outbox{
+		Channel:        channel,
+		Notify:         `SELECT pg_notify($1, '')`,
 		Enqueue:        q(sqlOutboxEnqueue),
 		EnqueueOne:     q(sqlOutboxEnqueueOne),
 		Claim:          q(sqlOutboxClaim),

@@ -26,12 +26,16 @@ type Store struct {
 	Consumers   Consumers
 }
 
+// RelayConsumer is the consumer name under which the relay files the dead letters
+// of rows the broker refused or that no consumer reads.
+const RelayConsumer = "(relay)"
+
 // New returns the statements of schema's tables (default public). The schema must
 // be valid (pgschema.Validate).
 func New(schema string) *Store {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return &Store{
-		Requests: newRequests(q), Outbox: newOutbox(q), Inbox: newInbox(q),
+		Requests: newRequests(q), Outbox: newOutbox(q, pgschema.Channel(schema, "idem_outbox")), Inbox: newInbox(q),
 		Attempts: newAttempts(q), DeadLetters: newDeadLetters(q), Consumers: newConsumers(q),
 	}
 }

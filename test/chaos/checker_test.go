@@ -647,7 +647,7 @@ func faultPoints() []string {
 // counts the folded repeats: HTTP replays and inbox folds, which the workers log at
 // debug level, plus the mail re-sends counted by checkEmails.
 func (r *run) countFromLogs(f *figures) error {
-	const replayed, folded = `msg="middleware: replayed"`, `msg="duplicate folded"`
+	const replayed, folded = `msg="producer: replayed"`, `msg="duplicate folded"`
 	// What the marked messages did: the worker says so before it kills itself; the
 	// consumer logs each panic it recovered.
 	const markedKill, markedPanic = "faults: consumer.marked-messages: a marked message kills its worker", `msg="handler panicked"`

@@ -3,6 +3,7 @@ package chaos
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/idemkit/idem/internal/registry"
 	"os/exec"
 	"slices"
 	"strings"
@@ -199,7 +200,7 @@ func twoInstallations(t *testing.T, negative bool) (idFigures, []string) {
 }
 
 // A consumer renamed on a stream that holds history keeps its inbox
-// (reconcile.Rename): the new name re-reads the history and folds all of it. A
+// (registry.Rename): the new name re-reads the history and folds all of it. A
 // consumer added with the default start (backfill) reads the history once; one
 // added with StartNew reads only what is published after it registered.
 func TestChaosRename(t *testing.T) {
@@ -249,12 +250,12 @@ func rename(t *testing.T, negative bool) (idFigures, string) {
 	c1.hold()
 	c2.hold()
 	if negative {
-		w.logf("deploying ledger without reconcile.Rename")
+		w.logf("deploying ledger without registry.Rename")
 	} else {
-		if err := reconcile.Rename(w.ctx, db.Pool, "", "charges", "ledger", true); err != nil {
+		if err := registry.Rename(w.ctx, db.Pool, "", "charges", "ledger", true); err != nil {
 			t.Fatal(err)
 		}
-		w.logf("renamed charges to ledger (reconcile.Rename)")
+		w.logf("renamed charges to ledger (registry.Rename)")
 	}
 	if err := w.js.DeleteConsumer(w.ctx, idStream, "charges"); err != nil {
 		t.Fatal(err)

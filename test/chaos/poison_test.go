@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // poison is a message that must end up in idem_dead_letters, with its key and

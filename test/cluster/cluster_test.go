@@ -20,10 +20,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/internal/app/refapptest"
-	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/refapptest"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
+	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 // freePort asks the kernel for a port nobody listens on.

@@ -25,10 +25,10 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // chromium finds the browser, or skips (fails under IDEM_REQUIRE_BROWSER=1).

@@ -24,9 +24,9 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // The files under test, relative to this directory.

@@ -21,10 +21,10 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 func TestPeakRSS(t *testing.T) {

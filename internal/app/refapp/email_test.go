@@ -97,7 +97,7 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 
 	runEmails(t, context.Background(), w.env, cfg) // the next worker
 	testenv.Eventually(t, 45*time.Second, "the takeover to complete the key", func() bool {
-		return w.out.Get(consumer.OutcomeProcessed) == 1
+		return w.out.Get(idem.OutcomeProcessed) == 1
 	})
 	if raw, distinct := w.sink.Deliveries(), w.sink.DistinctMessageIDs(); raw != 2 || distinct != 1 {
 		t.Fatalf("SMTP server got %d raw deliveries with %d distinct Message-IDs; want 2 and 1", raw, distinct)
@@ -115,12 +115,12 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 	if err := json.Unmarshal(result, &res); err != nil || res.MessageID != id || res.To != "a@example.com" {
 		t.Fatalf("stored result %s (%v), want message_id %s", result, err, id)
 	}
-	t.Logf("busy back-offs while the dead worker's lease ran out: %d", w.out.Get(consumer.OutcomeBusy))
+	t.Logf("busy back-offs while the dead worker's lease ran out: %d", w.out.Get(idem.OutcomeBusy))
 
 	// Done is done: a re-publish of the intent sends nothing.
 	w.env.Publish(t, refapp.SubjectEmail, key, "republish", emailPayload("a@example.com", "Receipt", "Thanks!"))
 	testenv.Eventually(t, 45*time.Second, "the re-publish folded", func() bool {
-		return w.out.Get(consumer.OutcomeDuplicate) == 1
+		return w.out.Get(idem.OutcomeDuplicate) == 1
 	})
 	if n := w.sink.Deliveries(); n != 2 {
 		t.Fatalf("deliveries after a duplicate = %d, want still 2", n)
@@ -136,12 +136,12 @@ func TestEmailLostReplyIsResentWithSameMessageID(t *testing.T) {
 	runEmails(t, context.Background(), w.env, w.config(t))
 	w.env.Publish(t, refapp.SubjectEmail, "k-lost-reply", "m1", emailPayload("b@example.com", "Hi", "body"))
 	testenv.Eventually(t, 45*time.Second, "the retry to complete", func() bool {
-		return w.out.Get(consumer.OutcomeProcessed) == 1
+		return w.out.Get(idem.OutcomeProcessed) == 1
 	})
 	if raw, distinct := w.sink.Deliveries(), w.sink.DistinctMessageIDs(); raw != 2 || distinct != 1 {
 		t.Fatalf("SMTP server got %d raw deliveries with %d distinct Message-IDs; want 2 and 1", raw, distinct)
 	}
-	if n := w.out.Get(consumer.OutcomeFailed); n != 1 {
+	if n := w.out.Get(idem.OutcomeFailed); n != 1 {
 		t.Errorf("failed attempts = %d, want 1 (the hang-up)", n)
 	}
 }
@@ -160,9 +160,9 @@ func TestEmailDuplicatesSendOnceAndContentIsNotAKey(t *testing.T) {
 	runEmails(t, context.Background(), w.env, w.config(t))
 	drained := w.env.DrainedOn(t, refapp.StreamName, refapp.EmailConsumer)
 	testenv.Eventually(t, 45*time.Second, "both keys sent and all 4 messages acked", func() bool {
-		return w.out.Get(consumer.OutcomeProcessed) == 2 && drained()
+		return w.out.Get(idem.OutcomeProcessed) == 2 && drained()
 	})
-	if n := w.out.Get(consumer.OutcomeDuplicate); n < 2 {
+	if n := w.out.Get(idem.OutcomeDuplicate); n < 2 {
 		t.Errorf("duplicates folded = %d, want at least 2 (the two extra copies of k-first)", n)
 	}
 	if raw, distinct := w.sink.Deliveries(), w.sink.DistinctMessageIDs(); raw != 2 || distinct != 2 {
@@ -197,7 +197,7 @@ func TestEmailPoisonIsDeadLettered(t *testing.T) {
 	runEmails(t, context.Background(), w.env, w.config(t))
 	drained := w.env.DrainedOn(t, refapp.StreamName, refapp.EmailConsumer)
 	testenv.Eventually(t, 45*time.Second, "1 sent and all 3 messages settled", func() bool {
-		return w.out.Get(consumer.OutcomeProcessed) == 1 && drained()
+		return w.out.Get(idem.OutcomeProcessed) == 1 && drained()
 	})
 	if n := w.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE consumer = 'emails' AND reason LIKE 'permanent handler error: %email:%'`); n != 2 {
 		t.Errorf("dead letters = %d, want 2 with the email error as reason", n)

@@ -359,7 +359,7 @@ func TestEmailAuthOverSTARTTLSDeliversOnce(t *testing.T) {
 	env.Publish(t, refapp.SubjectEmail, key, "m2", emailPayload("a@example.com", "Receipt", "Thanks!"))
 	drained := env.DrainedOn(t, refapp.StreamName, refapp.EmailConsumer)
 	testenv.Eventually(t, 45*time.Second, "the email sent and both copies settled", func() bool {
-		return out.Get(consumer.OutcomeProcessed) == 1 && drained()
+		return out.Get(idem.OutcomeProcessed) == 1 && drained()
 	})
 	msgs := srv.Messages()
 	if len(msgs) != 1 {
@@ -405,7 +405,7 @@ func TestEmailWrongPasswordIsRetriedNeverDone(t *testing.T) {
 	})
 	env.Publish(t, refapp.SubjectEmail, "k-wrong", "m1", emailPayload("a@example.com", "s", "b"))
 	testenv.Eventually(t, 45*time.Second, "several failed attempts", func() bool {
-		return out.Get(consumer.OutcomeFailed) >= 3
+		return out.Get(idem.OutcomeFailed) >= 3
 	})
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'emails' AND key = 'k-wrong' AND status = 'done'`); n != 0 {
 		t.Errorf("the key was marked done (%d rows) without a delivery", n)
@@ -416,7 +416,7 @@ func TestEmailWrongPasswordIsRetriedNeverDone(t *testing.T) {
 	if n := len(srv.Messages()); n != 0 {
 		t.Errorf("server got %d messages", n)
 	}
-	if n := out.Get(consumer.OutcomeProcessed); n != 0 {
+	if n := out.Get(idem.OutcomeProcessed); n != 0 {
 		t.Errorf("processed = %d, want 0", n)
 	}
 }

@@ -24,9 +24,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/outbox"
 )
 
 // The test topology.
@@ -45,6 +45,10 @@ type Env struct {
 	NATS *natstest.Server
 	NC   *nats.Conn
 	JS   jetstream.JetStream
+	// Inst is the installation of DB's schema on the test stream.
+	Inst *install.Installation
+
+	schema string
 }
 
 // New starts a database and a JetStream server for t, creates the test stream and
@@ -58,7 +62,7 @@ func New(t testing.TB) *Env {
 // say). test_effects always lives in public.
 func NewWith(t testing.TB, opts pgtest.Options) *Env {
 	t.Helper()
-	e := &Env{DB: pgtest.NewWith(t, opts), NATS: natstest.Start(t)}
+	e := &Env{DB: pgtest.NewWith(t, opts), NATS: natstest.Start(t), schema: opts.Schema}
 	nc, err := nats.Connect(e.NATS.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatalf("testenv: connect: %v", err)
@@ -69,13 +73,35 @@ func NewWith(t testing.TB, opts pgtest.Options) *Env {
 	if err != nil {
 		t.Fatalf("testenv: jetstream: %v", err)
 	}
-	if _, err := outbox.EnsureStream(context.Background(), e.JS, outbox.StreamConfig{Name: Stream, Subjects: []string{Subjects}}); err != nil {
+	e.Inst = e.Install(t, nil)
+	if _, err := e.Inst.EnsureStream(context.Background()); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	if _, err := e.DB.Pool.Exec(context.Background(), sqlCreateEffects); err != nil {
 		t.Fatalf("testenv: create test_effects: %v", err)
 	}
 	return e
+}
+
+// Install returns an installation of the test's database and stream, with edit
+// (when not nil) changing its configuration first: an Observer, another stream.
+func (e *Env) Install(t testing.TB, edit func(*install.Config)) *install.Installation {
+	t.Helper()
+	cfg := install.Config{Schema: e.schema, Stream: install.Stream{Name: Stream, Subjects: []string{Subjects}}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	inst, err := install.New(e.DB.Pool, e.NC, cfg)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return inst
+}
+
+// Observed is the test's installation with obs told every event.
+func (e *Env) Observed(t testing.TB, obs idem.Observer) *install.Installation {
+	t.Helper()
+	return e.Install(t, func(c *install.Config) { c.Observer = obs })
 }
 
 const sqlCreateEffects = `
@@ -122,7 +148,6 @@ func (e *Env) AllEffects(t testing.TB) int {
 func ConsumerConfig(name string) consumer.Config {
 	return consumer.Config{
 		Name:         name,
-		Stream:       Stream,
 		Subject:      Subject,
 		BatchHandler: Effect{},
 		AckWait:      2 * time.Second,
@@ -245,7 +270,7 @@ func GoCtx(t testing.TB, parent context.Context, name string, run func(ctx conte
 // Outcomes counts events by outcome; its Observe is an idem.Observer.
 type Outcomes struct {
 	mu sync.Mutex
-	n  map[string]int
+	n  map[idem.Outcome]int
 }
 
 // Observe implements idem.Observer.
@@ -253,13 +278,13 @@ func (o *Outcomes) Observe(e idem.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.n == nil {
-		o.n = map[string]int{}
+		o.n = map[idem.Outcome]int{}
 	}
 	o.n[e.Outcome] += e.Count
 }
 
 // Get returns the count of outcome.
-func (o *Outcomes) Get(outcome string) int {
+func (o *Outcomes) Get(outcome idem.Outcome) int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.n[outcome]

@@ -40,8 +40,8 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -213,8 +213,8 @@ func effect(name string) consumer.Handler {
 func observe(log *slog.Logger) idem.Observer {
 	return func(e idem.Event) {
 		switch e.Outcome {
-		case consumer.OutcomeDuplicate, consumer.OutcomeSkipped, consumer.OutcomeDeadLettered,
-			reconcile.OutcomeRedriven, reconcile.OutcomeAlerted:
+		case idem.OutcomeDuplicate, idem.OutcomeSkipped, idem.OutcomeDeadLettered,
+			idem.OutcomeRedriven, idem.OutcomeAlerted:
 			log.Info("idworker: event", "component", e.Component, "name", e.Name, "outcome", e.Outcome, "count", e.Count)
 		}
 	}

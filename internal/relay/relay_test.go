@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
@@ -65,7 +65,7 @@ func TestRelayPublishesAndMarks(t *testing.T) {
 	enqueue(t, env.DB, ob, msg("k-1"), msg("k-2"), other)
 	var published atomic.Int64
 	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, Retention: time.Hour, Observer: func(e idem.Event) {
-		if e.Component == idem.ComponentRelay && e.Outcome == outbox.OutcomePublished {
+		if e.Component == idem.ComponentRelay && e.Outcome == idem.OutcomePublished {
 			published.Add(int64(e.Count))
 		}
 	}})
@@ -236,7 +236,7 @@ func TestRelayDiesBetweenPublishAndMark(t *testing.T) {
 	if n := env.Effects(t, "k-relay"); n != 1 {
 		t.Fatalf("effects = %d, want 1", n)
 	}
-	if n := out.Get(consumer.OutcomeProcessed); n != 1 {
+	if n := out.Get(idem.OutcomeProcessed); n != 1 {
 		t.Errorf("processed = %d, want 1", n)
 	}
 }
@@ -281,12 +281,12 @@ func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
 	out := startConsumer(t, env, "effects")
 	drained := env.Drained(t, "effects")
 	testenv.Eventually(t, 45*time.Second, "the three copies settled", func() bool {
-		return out.Get(consumer.OutcomeProcessed)+out.Get(consumer.OutcomeDuplicate) >= 3 && drained()
+		return out.Get(idem.OutcomeProcessed)+out.Get(idem.OutcomeDuplicate) >= 3 && drained()
 	})
 	if n := env.Effects(t, "k-again"); n != 1 {
 		t.Fatalf("effects = %d, want 1: the inbox folds republished copies", n)
 	}
-	if n := out.Get(consumer.OutcomeProcessed); n != 1 {
+	if n := out.Get(idem.OutcomeProcessed); n != 1 {
 		t.Errorf("processed = %d, want 1", n)
 	}
 
@@ -315,7 +315,7 @@ func TestRelayStreamRefusesMisroute(t *testing.T) {
 	enqueue(t, env.DB, anySubject, idem.Message{Key: "k-misrouted", Subject: "other.x", Payload: []byte("{}")})
 	var failed atomic.Int64
 	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, Observer: func(e idem.Event) {
-		if e.Outcome == outbox.OutcomeFailed {
+		if e.Outcome == idem.OutcomeFailed {
 			failed.Add(int64(e.Count))
 		}
 	}})

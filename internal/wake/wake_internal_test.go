@@ -1,4 +1,4 @@
-package outbox
+package wake
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 // arrived (the shared one starts only once the one on its way has finished).
 func TestWakeCoalescesCallersBehindOneInFlight(t *testing.T) {
 	t.Parallel()
-	var w waker
+	var w Waker
 	var sends atomic.Int64
 	first, releaseFirst := make(chan struct{}), make(chan struct{})
 	var secondStarted atomic.Bool
@@ -29,7 +29,7 @@ func TestWakeCoalescesCallersBehindOneInFlight(t *testing.T) {
 	}
 	ctx := context.Background()
 	errs := make(chan error, 11)
-	go func() { errs <- w.notify(ctx, send) }()
+	go func() { errs <- w.Notify(ctx, send) }()
 	<-first // the first NOTIFY is on its way
 
 	const callers = 10
@@ -38,7 +38,7 @@ func TestWakeCoalescesCallersBehindOneInFlight(t *testing.T) {
 		joined.Add(1)
 		go func() {
 			joined.Done()
-			errs <- w.notify(ctx, send)
+			errs <- w.Notify(ctx, send)
 		}()
 	}
 	joined.Wait()
@@ -65,7 +65,7 @@ func TestWakeCoalescesCallersBehindOneInFlight(t *testing.T) {
 	}
 }
 
-func waiting(w *waker) int {
+func waiting(w *Waker) int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.next == nil {

@@ -1,4 +1,4 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
@@ -169,7 +169,7 @@ func TestOrderedEndToEnd(t *testing.T) {
 		return env.DB.Count(t, `SELECT count(DISTINCT (key, seq)) FROM public.ord_effects`) == total
 	})
 	testenv.Eventually(t, 60*time.Second, "the unordered subject consumed", func() bool {
-		return unordered.Get(consumer.OutcomeProcessed) >= producers*rounds/4
+		return unordered.Get(idem.OutcomeProcessed) >= producers*rounds/4
 	})
 	if n := env.DB.Count(t, `SELECT count(*) FROM public.ord_effects WHERE prev <> seq - 1`); n != 0 {
 		rows, _ := env.DB.Pool.Query(ctx, `SELECT key, seq, prev FROM public.ord_effects WHERE prev <> seq - 1 ORDER BY key, seq LIMIT 5`)

@@ -1,4 +1,6 @@
-package outbox
+// Package relay moves committed outbox rows to JetStream: the one reader of
+// idem_outbox's pending rows. The worker runs it; an embedder never does.
+package relay
 
 import (
 	"context"
@@ -17,41 +19,16 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
-	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/wake"
 )
 
-// Outcomes of the relay's Events (Component idem.ComponentRelay): one event per
-// batch and outcome, with the batch's duration.
-const (
-	// OutcomePublished: rows the stream acknowledged and the relay marked published.
-	OutcomePublished = "published"
-	// OutcomeFailed: rows whose publish failed; they stay pending and are retried
-	// after a backoff.
-	OutcomeFailed = "failed"
-	// OutcomeDeadLettered: rows that can never be published (the broker refuses
-	// them, or they failed MaxAttempts times while the broker was up); they are
-	// filed in idem_dead_letters under RelayConsumer with the broker's reason.
-	OutcomeDeadLettered = "dead_lettered"
-)
-
-// RelayConsumer is the consumer column of the dead letters the relay files: rows of
-// the outbox that the broker refused, or whose publishes kept failing. A refused row
-// never reached the stream, and its dead letter has no replay horizon; a row whose
-// publishes timed out may have been stored after all, and its dead letter carries
-// the shortest key lifetime of the registered consumers that read its subject.
-const RelayConsumer = "(relay)"
-
-// RelayConfig configures a Relay. The zero value of every field means its default.
-type RelayConfig struct {
-	// Schema is the Postgres schema holding idem_outbox (default "public").
-	Schema string
-	// Stream, when set, is the stream every publish must land in
-	// (jetstream.WithExpectStream): a subject stored by another stream, or by none,
-	// fails the publish instead of being acknowledged by the wrong stream.
-	Stream string
+// Config tunes a Relay. The zero value of every field means its default.
+type Config struct {
 	// BatchSize is the most rows claimed and published per transaction (default 500).
 	BatchSize int
 	// PollInterval is the fallback wake-up when no NOTIFY arrives (default 1s): a
@@ -77,26 +54,10 @@ type RelayConfig struct {
 	// Retention is how long a published row is kept (its expires_at) before the
 	// collector may delete it (default 72h), unless AwaitProof.
 	Retention time.Duration
-	// Outbox, when set, is the Outbox this process writes through: its Wake
-	// reaches this relay directly while the relay runs, so requests committed here
-	// need no NOTIFY through Postgres. Rows committed elsewhere still wake it by
-	// NOTIFY (Enqueue, Wake in another process) or by its poll. It must use the
-	// same Schema.
-	Outbox *Outbox
-	// AwaitProof keeps published rows without an expiry: the reconciler (package
-	// reconcile) sets one once it has proven the intent reached every consumer, so a
-	// row is never deleted by age alone. The worker sets it when it runs a
-	// reconciler.
+	// AwaitProof keeps published rows without an expiry: the reconciler sets one
+	// once it has proven the intent reached every consumer, so a row is never
+	// deleted by age alone. The worker sets it when it runs a reconciler.
 	AwaitProof bool
-	// Logger defaults to slog.Default().
-	Logger *slog.Logger
-	// TracerProvider makes one span per published batch ("publish <subject>",
-	// OpenTelemetry messaging conventions, linked to each message's producer span),
-	// failed when a publish in it failed (default: the global provider).
-	TracerProvider trace.TracerProvider
-	// Observer, when set, is told each batch's outcome (for metrics): events with
-	// Component idem.ComponentRelay and Outcome OutcomePublished or OutcomeFailed.
-	Observer idem.Observer
 	// OrderedSubjects are subject filters (e.g. "orders.events.*") whose subjects
 	// are each relayed in order (default none: every row is relayed as soon as it
 	// can be, and a failed row steps aside). A row of an ordered subject is
@@ -104,23 +65,22 @@ type RelayConfig struct {
 	// dead-lettered, and after the previous one's PubAck; no two relays publish
 	// one subject at once. A row whose publish fails therefore blocks its subject
 	// (only its subject) through its backoff, until it is published or, after
-	// MaxAttempts, dead-lettered. Pair with Partition on the producer side and an
-	// ordered consumer per subject (consumer.Partitioned); see docs/ORDERING.md.
-	// Every relay of one outbox must be given the same OrderedSubjects: a relay
-	// without them publishes those rows out of order.
+	// MaxAttempts, dead-lettered. Pair with outbox.Partition on the producer side
+	// and an ordered consumer per subject (consumer.Partitioned); see
+	// docs/ORDERING.md. Every relay of one outbox must be given the same
+	// OrderedSubjects: a relay without them publishes those rows out of order.
 	OrderedSubjects []string
 	// AtomicPublish publishes each batch as one JetStream atomic batch: one PubAck,
 	// and with fsync on every write one fsync, per batch instead of per message.
 	// It needs nats-server 2.12 or later and a stream that allows atomic publish
-	// (StreamConfig.AllowAtomicPublish). A batch the broker refuses whole (one
+	// (install.Stream.AllowAtomicPublish). A batch the broker refuses whole (one
 	// re-published after a crash holds Msg-Ids the stream already has) is
 	// published message by message; a stream that does not allow it turns it off,
-	// with a warning. It needs Stream, and BatchSize may not exceed MaxAtomicBatch.
-	// Default: off.
+	// with a warning. BatchSize may not exceed MaxAtomicBatch. Default: off.
 	AtomicPublish bool
 }
 
-func (c RelayConfig) withDefaults() RelayConfig {
+func (c Config) withDefaults() Config {
 	if c.BatchSize == 0 {
 		c.BatchSize = 500
 	}
@@ -142,31 +102,22 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = 8 << 20
 	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
 	return c
 }
 
-func (c RelayConfig) validate() error {
-	if err := pgschema.Validate(c.Schema); err != nil {
-		return fmt.Errorf("outbox: relay: %w", err)
-	}
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
 	switch {
 	case c.BatchSize < 0, c.MaxAttempts < 0, c.MaxBatchBytes < 0:
-		return errors.New("outbox: relay: BatchSize, MaxAttempts and MaxBatchBytes must not be negative")
+		return errors.New("relay: BatchSize, MaxAttempts and MaxBatchBytes must not be negative")
 	case c.PollInterval < 0, c.PublishTimeout < 0, c.Retention < 0:
-		return errors.New("outbox: relay: durations must not be negative")
-	case c.AtomicPublish && c.Stream == "":
-		return errors.New("outbox: relay: AtomicPublish needs Stream: an atomic batch goes to one stream, and a batch whose subjects span two is refused whole")
+		return errors.New("relay: durations must not be negative")
 	case c.AtomicPublish && c.BatchSize > MaxAtomicBatch:
-		return fmt.Errorf("outbox: relay: BatchSize %d is more than an atomic batch takes (MaxAtomicBatch, %d)", c.BatchSize, MaxAtomicBatch)
-	case c.Outbox != nil && pgschema.Name(c.Outbox.cfg.Schema) != pgschema.Name(c.Schema):
-		return fmt.Errorf("outbox: relay: Outbox writes to schema %q, the relay reads %q", c.Outbox.cfg.Schema, c.Schema)
+		return fmt.Errorf("relay: BatchSize %d is more than an atomic batch takes (MaxAtomicBatch, %d)", c.BatchSize, MaxAtomicBatch)
 	}
 	for _, f := range c.OrderedSubjects {
 		if err := idem.ValidateFilter(f); err != nil {
-			return fmt.Errorf("outbox: relay: OrderedSubjects: %w", err)
+			return fmt.Errorf("relay: OrderedSubjects: %w", err)
 		}
 	}
 	return nil
@@ -181,9 +132,12 @@ func (c RelayConfig) validate() error {
 type Relay struct {
 	pool    *pgxpool.Pool
 	js      jetstream.JetStream
-	cfg     RelayConfig
+	cfg     Config
+	stream  string // the installation's: every publish must land in it
 	log     *slog.Logger
+	observe idem.Observer
 	st      *store.Store
+	waker   *wake.Waker
 	channel string
 	pubOpts []jetstream.PublishOpt
 	tracer  trace.Tracer
@@ -196,33 +150,39 @@ type Relay struct {
 	atomicOff atomic.Bool
 }
 
-// NewRelay returns a relay over pool's outbox publishing to js.
-func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) (*Relay, error) {
-	if err := cfg.validate(); err != nil {
+// New returns a relay of inst's outbox, publishing to its stream: every publish
+// must land in it (jetstream.WithExpectStream), so a subject stored by another
+// stream, or by none, fails instead of being acknowledged by the wrong one. The
+// Outboxes of inst (outbox.New) wake it directly while it runs; rows committed
+// elsewhere wake it by NOTIFY, or its poll.
+func New(inst *install.Installation, cfg Config) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	r := &Relay{pool: pool, js: js, cfg: cfg, log: cfg.Logger.With("component", "relay"),
-		st: store.New(cfg.Schema), channel: notifyChannel(cfg.Schema), tracer: otelmsg.Tracer(cfg.TracerProvider)}
-	if cfg.Stream != "" {
-		r.pubOpts = append(r.pubOpts, jetstream.WithExpectStream(cfg.Stream))
-	}
+	stream := inst.Stream().Name
+	r := &Relay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, log: inst.Logger().With("component", "relay"),
+		observe: inst.Observer(), st: inst.Store(), waker: inst.Waker(), channel: inst.Store().Outbox.Channel,
+		tracer: otelmsg.Tracer(inst.TracerProvider()), pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)}}
 	r.cfg.OrderedSubjects = append([]string(nil), cfg.OrderedSubjects...)
-	r.orderedRe, r.lockSalt = filterRegexps(r.cfg.OrderedSubjects), pgschema.Name(cfg.Schema)+"."
+	r.orderedRe, r.lockSalt = filterRegexps(r.cfg.OrderedSubjects), inst.Schema()+"."
 	return r, nil
 }
 
 // Run relays until ctx is cancelled. A batch under way when ctx is cancelled is
-// finished (published and marked) before Run returns nil.
+// finished (published and marked, bounded by PublishTimeout) before Run returns
+// nil, and so is the goroutine that listens for NOTIFYs.
 func (r *Relay) Run(ctx context.Context) error {
-	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.cfg.Stream)
+	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.stream)
 	wake := make(chan struct{}, 1)
-	if r.cfg.Outbox != nil {
-		defer r.cfg.Outbox.wake.attach(wake)()
-	}
+	defer r.waker.Attach(wake)()
 	listenCtx, stopListen := context.WithCancel(ctx)
-	defer stopListen()
-	go r.listen(listenCtx, wake)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		r.listen(listenCtx, wake)
+	}()
+	defer func() { stopListen(); <-listening }()
 
 	ticker := time.NewTicker(r.cfg.PollInterval)
 	defer ticker.Stop()
@@ -230,7 +190,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		// Batches run on a context that outlives ctx so a shutdown never abandons a
 		// published-but-unmarked batch (that would only cost a re-publish, but
 		// finishing is cheap and keeps the broker quiet).
-		if _, err := r.Drain(context.WithoutCancel(ctx)); err != nil {
+		if _, err := r.Drain(stop.Work(ctx)); err != nil {
 			r.log.ErrorContext(ctx, "relay batch failed", "err", err)
 		}
 		select {
@@ -254,7 +214,7 @@ func defaultBackoff(attempt int) time.Duration {
 // ErrBrokerDown is returned (wrapped) by Drain when a batch could not be published
 // because the broker (or the stream) does not answer. Nothing is counted against
 // the rows: they are retried as they are once the broker is back.
-var ErrBrokerDown = errors.New("outbox: relay: the broker does not answer")
+var ErrBrokerDown = errors.New("relay: the broker does not answer")
 
 // Drain relays batches until the outbox has no claimable rows left, and returns how
 // many rows it published.
@@ -324,7 +284,7 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 	start := time.Now()
 	tx, err := r.pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: sqlBeginRelay})
 	if err != nil {
-		return 0, false, fmt.Errorf("outbox: relay: begin: %w", err)
+		return 0, false, fmt.Errorf("relay: begin: %w", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
@@ -340,13 +300,13 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 	// out explains every failure of the batch: none is charged.
 	dropped := !epoch.connected || r.connEpoch() != epoch
 	if err := faults.From(ctx).Hit(ctx, faults.RelayAfterPublish, keysOf(batch)); err != nil {
-		return 0, false, fmt.Errorf("outbox: relay: after publish: %w", err)
+		return 0, false, fmt.Errorf("relay: after publish: %w", err)
 	}
 	retry, dead, down := r.judge(ctx, batch, len(ok.ids), failed, dropped)
 	if down && len(dead.ids) == 0 {
 		// The broker is down: count nothing, leave the rows as they are (the
 		// rollback releases them) and tell the caller to wait.
-		r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: OutcomeFailed, Count: len(failed), Duration: time.Since(start)})
+		r.observe.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: idem.OutcomeFailed, Count: len(failed), Duration: time.Since(start)})
 		return 0, false, fmt.Errorf("%w: %d rows wait: %v", ErrBrokerDown, len(failed), firstErr(failed))
 	}
 	if len(ok.ids) > 0 {
@@ -355,33 +315,33 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 			retention = 0 // kept until the reconciler proves the intent complete
 		}
 		if _, err := tx.Exec(ctx, r.st.Outbox.MarkPublished, ok.ids, ok.streams, ok.seqs, retention); err != nil {
-			return 0, false, fmt.Errorf("outbox: relay: mark published: %w", err)
+			return 0, false, fmt.Errorf("relay: mark published: %w", err)
 		}
 	}
 	if len(retry.ids) > 0 {
 		if _, err := tx.Exec(ctx, r.st.Outbox.MarkFailed, retry.ids, retry.reasons, retry.waits); err != nil {
-			return 0, false, fmt.Errorf("outbox: relay: record failures: %w", err)
+			return 0, false, fmt.Errorf("relay: record failures: %w", err)
 		}
 	}
 	if len(dead.ids) > 0 {
 		horizons, err := r.replayHorizons(ctx, tx, batch, dead)
 		if err != nil {
-			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
+			return 0, false, fmt.Errorf("relay: dead-letter: %w", err)
 		}
-		if _, err := tx.Exec(ctx, r.st.DeadLetters.InsertRelay, dead.ids, dead.reasons, r.cfg.Retention, RelayConsumer, horizons); err != nil {
-			return 0, false, fmt.Errorf("outbox: relay: dead-letter: %w", err)
+		if _, err := tx.Exec(ctx, r.st.DeadLetters.InsertRelay, dead.ids, dead.reasons, r.cfg.Retention, store.RelayConsumer, horizons); err != nil {
+			return 0, false, fmt.Errorf("relay: dead-letter: %w", err)
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, false, fmt.Errorf("outbox: relay: commit: %w", err)
+		return 0, false, fmt.Errorf("relay: commit: %w", err)
 	}
 	// An ordered subject whose row was just dead-lettered has rows behind it that
 	// this batch left alone: there may be more right away.
 	full = full || (ordered && len(dead.ids) > 0)
 	elapsed := time.Since(start)
-	for outcome, n := range map[string]int{OutcomePublished: len(ok.ids), OutcomeFailed: len(retry.ids), OutcomeDeadLettered: len(dead.ids)} {
+	for outcome, n := range map[idem.Outcome]int{idem.OutcomePublished: len(ok.ids), idem.OutcomeFailed: len(retry.ids), idem.OutcomeDeadLettered: len(dead.ids)} {
 		if n > 0 {
-			r.cfg.Observer.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: outcome, Count: n, Duration: elapsed})
+			r.observe.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: outcome, Count: n, Duration: elapsed})
 		}
 	}
 	if len(retry.ids) > 0 {
@@ -400,7 +360,7 @@ func (r *Relay) traceBatch(ctx context.Context, start time.Time, batch []outboxR
 	dest := batch[0].subject
 	for _, o := range batch {
 		if o.subject != dest {
-			dest = r.cfg.Stream // mixed subjects: name the stream
+			dest = r.stream // mixed subjects: name the stream
 			break
 		}
 	}
@@ -449,7 +409,7 @@ func (r *Relay) claimUnordered(ctx context.Context, tx pgx.Tx) (batch []outboxRo
 func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...any) (batch []outboxRow, full bool, err error) {
 	rows, err := tx.Query(ctx, sql, args...)
 	if err != nil {
-		return nil, false, fmt.Errorf("outbox: relay: claim: %w", err)
+		return nil, false, fmt.Errorf("relay: claim: %w", err)
 	}
 	type sized struct {
 		id   int64
@@ -461,7 +421,7 @@ func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...an
 		return c, err
 	})
 	if err != nil {
-		return nil, false, fmt.Errorf("outbox: relay: claim: %w", err)
+		return nil, false, fmt.Errorf("relay: claim: %w", err)
 	}
 	var ids []int64
 	var bytes int64
@@ -476,7 +436,7 @@ func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...an
 	}
 	rows, err = tx.Query(ctx, r.st.Outbox.Load, ids)
 	if err != nil {
-		return nil, false, fmt.Errorf("outbox: relay: load: %w", err)
+		return nil, false, fmt.Errorf("relay: load: %w", err)
 	}
 	batch, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
 		var o outboxRow
@@ -484,7 +444,7 @@ func (r *Relay) claimWith(ctx context.Context, tx pgx.Tx, sql string, args ...an
 		return o, err
 	})
 	if err != nil {
-		return nil, false, fmt.Errorf("outbox: relay: load: %w", err)
+		return nil, false, fmt.Errorf("relay: load: %w", err)
 	}
 	return batch, len(claimed) == r.cfg.BatchSize || len(ids) < len(claimed), nil
 }
@@ -515,7 +475,7 @@ func (r *Relay) replayHorizons(ctx context.Context, tx pgx.Tx, batch []outboxRow
 	if !slices.Contains(dead.stored, true) {
 		return horizons, nil
 	}
-	rows, err := tx.Query(ctx, r.st.Consumers.Readers, r.cfg.Stream)
+	rows, err := tx.Query(ctx, r.st.Consumers.Readers, r.stream)
 	if err != nil {
 		return nil, fmt.Errorf("registered consumers: %w", err)
 	}
@@ -696,7 +656,7 @@ func (r *Relay) message(o outboxRow) (*nats.Msg, error) {
 	}
 	msg.Header.Set(idem.HeaderKey, o.key)
 	msg.Header.Set(jetstream.MsgIDHeader, o.msgID)
-	msg.Header.Set(idem.HeaderEnqueuedAt, o.created.UTC().Format(enqueuedAtLayout))
+	msg.Header.Set(idem.HeaderEnqueuedAt, o.created.UTC().Format(store.EnqueuedAtLayout))
 	if o.name != "" {
 		msg.Header.Set(idem.HeaderMessage, o.name)
 	}
@@ -799,3 +759,18 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 		}
 	}
 }
+
+// sqlBeginRelay opens a relay batch's transaction. The relay reads and updates
+// only rows it has locked, by primary key, a few hundred at a time; a sequential
+// scan or a hash join over the outbox is never the right plan for that. The
+// planner picks one anyway: a generic plan made while the table was small (pgx
+// prepares every statement, and Postgres keeps a connection's generic plan until
+// the table is next analyzed) goes on scanning it as it grows, and the cost model,
+// which prices each index probe as a random read, prefers a hash join to a few
+// hundred probes once the table is large enough (BENCHMARKS.md has the case).
+// Turning those plans off for the relay's own transaction keeps every statement
+// on an index, whatever the statistics say; and since that plan is right for any
+// batch, the generic plan is forced too, so a small batch is not planned afresh
+// each time. All in the same round trip as BEGIN.
+const sqlBeginRelay = `BEGIN; SET LOCAL enable_seqscan = off; SET LOCAL enable_hashjoin = off; ` +
+	`SET LOCAL enable_mergejoin = off; SET LOCAL plan_cache_mode = force_generic_plan`

@@ -1,4 +1,8 @@
-package reconcile
+// Package registry is idem_consumers: the consumers an installation has, each
+// registered by itself when it starts, and what each must settle. The reconciler
+// reads it to know which consumers an intent waits for; the worker reads it for
+// the lifetime invariant.
+package registry
 
 import (
 	"context"
@@ -68,7 +72,7 @@ type Execer interface {
 func Registered(ctx context.Context, db Querier, schema string) ([]Consumer, error) {
 	rs, err := db.Query(ctx, store.New(schema).Consumers.Registered)
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: registered consumers: %w", err)
+		return nil, fmt.Errorf("registry: registered consumers: %w", err)
 	}
 	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (Consumer, error) {
 		var c Consumer
@@ -79,7 +83,7 @@ func Registered(ctx context.Context, db Querier, schema string) ([]Consumer, err
 		return c, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: registered consumers: %w", err)
+		return nil, fmt.Errorf("registry: registered consumers: %w", err)
 	}
 	return out, nil
 }
@@ -129,16 +133,16 @@ func Register(ctx context.Context, db Querier, schema string, c Consumer, startN
 		return Registration{}, err
 	}
 	if err := idem.ValidateFilter(c.FilterSubject); err != nil {
-		return Registration{}, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+		return Registration{}, fmt.Errorf("registry: register %s: %w", c.Name, err)
 	}
 	if c.Stream == "" || c.KeyLifetime <= 0 || c.Redelivery < 0 {
-		return Registration{}, fmt.Errorf("reconcile: register %s: Stream and a positive KeyLifetime are required", c.Name)
+		return Registration{}, fmt.Errorf("registry: register %s: Stream and a positive KeyLifetime are required", c.Name)
 	}
 	r := Registration{Consumer: c}
 	err := db.QueryRow(ctx, store.New(schema).Consumers.Register, c.Name, c.Stream, c.FilterSubject, c.KeyLifetime, c.Redelivery, startNew).
 		Scan(&r.New, &r.RegisteredAt, &r.LastSeen, &r.StartsAt)
 	if err != nil {
-		return Registration{}, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+		return Registration{}, fmt.Errorf("registry: register %s: %w", c.Name, err)
 	}
 	if r.New {
 		rs, err := db.Query(ctx, store.New(schema).Consumers.Vanished, c.Stream, c.FilterSubject, c.Name, vanishedAfter)
@@ -146,7 +150,7 @@ func Register(ctx context.Context, db Querier, schema string, c Consumer, startN
 			r.LikelyRenamedFrom, err = pgx.CollectRows(rs, pgx.RowTo[string])
 		}
 		if err != nil {
-			return r, fmt.Errorf("reconcile: register %s: %w", c.Name, err)
+			return r, fmt.Errorf("registry: register %s: %w", c.Name, err)
 		}
 	}
 	return r, nil
@@ -157,9 +161,9 @@ func Register(ctx context.Context, db Querier, schema string, c Consumer, startN
 func ValidateName(name string) error {
 	switch {
 	case name == "":
-		return errors.New("reconcile: a consumer needs a name")
+		return errors.New("registry: a consumer needs a name")
 	case strings.Contains(name, ","):
-		return fmt.Errorf("reconcile: consumer name %q contains a comma, which separates names in %s", name, idem.HeaderReplayFor)
+		return fmt.Errorf("registry: consumer name %q contains a comma, which separates names in %s", name, idem.HeaderReplayFor)
 	}
 	return nil
 }
@@ -167,7 +171,7 @@ func ValidateName(name string) error {
 // Seen refreshes a registered consumer's LastSeen.
 func Seen(ctx context.Context, db Execer, schema, name string) error {
 	if _, err := db.Exec(ctx, store.New(schema).Consumers.Seen, name); err != nil {
-		return fmt.Errorf("reconcile: seen %s: %w", name, err)
+		return fmt.Errorf("registry: seen %s: %w", name, err)
 	}
 	return nil
 }
@@ -178,14 +182,14 @@ func Seen(ctx context.Context, db Execer, schema, name string) error {
 func Forget(ctx context.Context, db Execer, schema, name string) (bool, error) {
 	tag, err := db.Exec(ctx, store.New(schema).Consumers.Forget, name)
 	if err != nil {
-		return false, fmt.Errorf("reconcile: forget consumer %s: %w", name, err)
+		return false, fmt.Errorf("registry: forget consumer %s: %w", name, err)
 	}
 	return tag.RowsAffected() > 0, nil
 }
 
 // ErrStillRunning is wrapped by Rename's error when the consumer to rename was
 // seen lately: a consumer must be stopped everywhere before it is renamed.
-var ErrStillRunning = errors.New("reconcile: consumer still running")
+var ErrStillRunning = errors.New("registry: consumer still running")
 
 // Beginner is what Rename needs of a pool or connection: its own transaction.
 type Beginner interface {
@@ -206,17 +210,17 @@ func Rename(ctx context.Context, db Beginner, schema, from, to string, force boo
 		return err
 	}
 	if from == to {
-		return fmt.Errorf("reconcile: rename %s: the new name is the old one", from)
+		return fmt.Errorf("registry: rename %s: the new name is the old one", from)
 	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		q := store.New(schema).Consumers
 		var seenAgo float64
 		err := tx.QueryRow(ctx, q.RenameLock, from).Scan(&seenAgo)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("reconcile: rename %s: no such registered consumer", from)
+			return fmt.Errorf("registry: rename %s: no such registered consumer", from)
 		}
 		if err != nil {
-			return fmt.Errorf("reconcile: rename %s: %w", from, err)
+			return fmt.Errorf("registry: rename %s: %w", from, err)
 		}
 		if ago := seconds(seenAgo); ago < vanishedAfter && !force {
 			return fmt.Errorf("%w: %s was seen %s ago; stop every worker that runs it, then rename it", ErrStillRunning, from, ago.Round(time.Second))
@@ -225,9 +229,9 @@ func Rename(ctx context.Context, db Beginner, schema, from, to string, force boo
 			if _, err := tx.Exec(ctx, sql, from, to); err != nil {
 				var pe *pgconn.PgError
 				if errors.As(err, &pe) && pe.Code == "23505" {
-					return fmt.Errorf("reconcile: rename %s to %s: %s is registered already", from, to, to)
+					return fmt.Errorf("registry: rename %s to %s: %s is registered already", from, to, to)
 				}
-				return fmt.Errorf("reconcile: rename %s to %s: %w", from, to, err)
+				return fmt.Errorf("registry: rename %s to %s: %w", from, to, err)
 			}
 		}
 		return nil

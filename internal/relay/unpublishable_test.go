@@ -1,8 +1,9 @@
-package outbox_test
+package relay_test
 
 import (
 	"context"
 	"errors"
+	"github.com/idemkit/idem/internal/registry"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -121,7 +122,7 @@ func TestRelayDeadLettersARowTheBrokerRefuses(t *testing.T) {
 	b.insertRaw(t, 1, "ok-", "test.ok", 10)
 	var dead atomic.Int64
 	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, Observer: func(e idem.Event) {
-		if e.Outcome == outbox.OutcomeDeadLettered {
+		if e.Outcome == idem.OutcomeDeadLettered {
 			dead.Add(int64(e.Count))
 		}
 	}})
@@ -270,7 +271,7 @@ func TestRelayBatchIsBoundedByBytes(t *testing.T) {
 	b.insertRaw(t, 10, "k-", "test.x", 1000)
 	var batches, biggest atomic.Int64
 	r := b.relay(t, outbox.RelayConfig{MaxBatchBytes: 3500, Observer: func(e idem.Event) {
-		if e.Outcome == outbox.OutcomePublished {
+		if e.Outcome == idem.OutcomePublished {
 			batches.Add(1)
 			if int64(e.Count) > biggest.Load() {
 				biggest.Store(int64(e.Count))
@@ -325,12 +326,12 @@ func TestRelayDeadLetterCarriesTheReadersHorizon(t *testing.T) {
 	t.Parallel()
 	b := newSmallBroker(t)
 	ctx := context.Background()
-	for name, c := range map[string]reconcile.Consumer{
+	for name, c := range map[string]registry.Consumer{
 		"long":  {Name: "long", Stream: testenv.Stream, FilterSubject: "hang.x", KeyLifetime: 5 * time.Hour},
 		"short": {Name: "short", Stream: testenv.Stream, FilterSubject: "hang.>", KeyLifetime: 2 * time.Hour},
 		"other": {Name: "other", Stream: testenv.Stream, FilterSubject: "test.>", KeyLifetime: time.Hour},
 	} {
-		if _, err := reconcile.Register(ctx, b.db.Pool, "", c, false); err != nil {
+		if _, err := registry.Register(ctx, b.db.Pool, "", c, false); err != nil {
 			t.Fatalf("register %s: %v", name, err)
 		}
 	}

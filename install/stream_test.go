@@ -1,4 +1,4 @@
-package outbox_test
+package install_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package outbox
+package relay
 
 import (
 	"context"
@@ -56,10 +56,10 @@ func (r *Relay) publishAtomic(ctx context.Context, rows []outboxRow, msgs []*nat
 		}
 		return acked{}, failed, nil
 	}
-	if r.cfg.Stream != "" {
+	if r.stream != "" {
 		for _, m := range msgs {
 			// Checked for the whole batch before anything is stored.
-			m.Header.Set(jetstream.ExpectedStreamHeader, r.cfg.Stream)
+			m.Header.Set(jetstream.ExpectedStreamHeader, r.stream)
 		}
 	}
 	deadline, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
@@ -76,8 +76,8 @@ func (r *Relay) publishAtomic(ctx context.Context, rows []outboxRow, msgs []*nat
 	case err != nil:
 		return failAll(err)
 	}
-	if r.cfg.Stream != "" && ack.Stream != r.cfg.Stream {
-		return failAll(fmt.Errorf("atomic batch stored by stream %s, want %s", ack.Stream, r.cfg.Stream))
+	if r.stream != "" && ack.Stream != r.stream {
+		return failAll(fmt.Errorf("atomic batch stored by stream %s, want %s", ack.Stream, r.stream))
 	}
 	first := int64(ack.Seq) - int64(len(msgs)-1)
 	for i, o := range rows {

@@ -1,0 +1,7 @@
+package consumer
+
+import "time"
+
+// SetLinger makes c's batches wait up to d for more messages after their first
+// one, so that a test can gather a batch.
+func SetLinger(c *Config, d time.Duration) { c.linger = d }

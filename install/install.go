@@ -1,0 +1,165 @@
+// Package install is what an installation of idem shares: the Postgres pool and
+// schema that hold its tables, the JetStream connection and stream it publishes to
+// and consumes from, its identity, and its logger, tracer and observer. Every
+// component takes one Installation (worker.New, and through it the ingress, the
+// relay, the consumers, the reconciler and the collector), so none of them has a
+// Schema, a Stream or a Logger of its own to disagree about.
+//
+// An installation is a database, a schema in it and a stream. Two services on one
+// database keep their tables apart with two schemas; two installations never share
+// a durable consumer (consumer.ErrForeignDurable).
+package install
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/installation"
+	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/wake"
+)
+
+// Config describes an installation. Stream's Name and Subjects are required; the
+// zero value of every other field means its default.
+type Config struct {
+	// Schema is the Postgres schema of the idem_* tables (default "public").
+	Schema string
+	// Stream is the JetStream stream the installation publishes to and consumes
+	// from; the worker creates it when it is absent.
+	Stream Stream
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// TracerProvider makes the spans of the ingress, the outbox, the relay and the
+	// consumers (default: the global provider, otel.GetTracerProvider). Trace
+	// context travels through the global propagator (otel.SetTextMapPropagator).
+	TracerProvider trace.TracerProvider
+	// Observer is told what every component does (idem.Event), beside the
+	// worker's own metrics.
+	Observer idem.Observer
+}
+
+// Installation is one installation's shared parts; see the package documentation.
+// It is safe for concurrent use. The pool and the connection stay the caller's:
+// nothing here closes them.
+type Installation struct {
+	pool   *pgxpool.Pool
+	js     jetstream.JetStream
+	cfg    Config
+	store  *store.Store
+	waker  *wake.Waker
+	tracer trace.TracerProvider
+
+	mu sync.Mutex
+	id string
+}
+
+// New returns the installation of pool's database and cfg.Schema, on nc's
+// JetStream. It touches neither until a component runs. nc may be nil for a tool
+// that only reads and writes the tables (dead letters, the consumer registry):
+// the components that publish or consume refuse such an installation.
+func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Installation, error) {
+	if pool == nil {
+		return nil, errors.New("install: a pgx pool is required")
+	}
+	if err := pgschema.Validate(cfg.Schema); err != nil {
+		return nil, fmt.Errorf("install: %w", err)
+	}
+	if err := cfg.Stream.Validate(); err != nil {
+		return nil, err
+	}
+	var js jetstream.JetStream
+	if nc != nil {
+		var err error
+		if js, err = jetstream.New(nc); err != nil {
+			return nil, fmt.Errorf("install: jetstream: %w", err)
+		}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	cfg.Stream.Subjects = append([]string(nil), cfg.Stream.Subjects...)
+	return &Installation{pool: pool, js: js, cfg: cfg, store: store.New(cfg.Schema), waker: &wake.Waker{}, tracer: tp}, nil
+}
+
+// Observing returns an installation that shares i's parts and tells every event
+// to obs as well as to i's observer: how the worker adds its metrics.
+func (i *Installation) Observing(obs idem.Observer) *Installation {
+	c := &Installation{pool: i.pool, js: i.js, cfg: i.cfg, store: i.store, waker: i.waker, tracer: i.tracer, id: i.ID()}
+	c.cfg.Observer = idem.Observers(i.cfg.Observer, obs)
+	return c
+}
+
+// Pool is the installation's Postgres pool.
+func (i *Installation) Pool() *pgxpool.Pool { return i.pool }
+
+// JetStream is the installation's JetStream context (nil without a connection).
+func (i *Installation) JetStream() jetstream.JetStream { return i.js }
+
+// Schema is the Postgres schema of the idem_* tables.
+func (i *Installation) Schema() string { return pgschema.Name(i.cfg.Schema) }
+
+// Stream is the installation's stream as configured (WithDefaults gives the
+// stream as it would be created).
+func (i *Installation) Stream() Stream { return i.cfg.Stream }
+
+// Logger is the installation's logger.
+func (i *Installation) Logger() *slog.Logger { return i.cfg.Logger }
+
+// TracerProvider makes the installation's spans.
+func (i *Installation) TracerProvider() trace.TracerProvider { return i.tracer }
+
+// Observer is told what every component does; it may be nil.
+func (i *Installation) Observer() idem.Observer { return i.cfg.Observer }
+
+// Store is the SQL of the installation's tables (internal: for idem's own
+// packages).
+func (i *Installation) Store() *store.Store { return i.store }
+
+// Waker wakes the installation's relays (internal: for idem's own packages).
+func (i *Installation) Waker() *wake.Waker { return i.waker }
+
+// ID names the installation, once known (Identify): the database cluster, the
+// database and the schema of its tables. Empty before Identify.
+func (i *Installation) ID() string {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.id
+}
+
+// Identify asks the database which installation this is, once:
+// "<cluster's system identifier>/<database>/<schema>". A copy of the database in
+// another cluster, another database of the same cluster, and another schema of
+// the same database are each another installation. A JetStream durable consumer
+// records it, so that two installations never share one.
+func (i *Installation) Identify(ctx context.Context) (string, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.id != "" {
+		return i.id, nil
+	}
+	id, err := installation.Of(ctx, i.pool, i.cfg.Schema)
+	if err != nil {
+		return "", fmt.Errorf("install: identify the installation: %w", err)
+	}
+	i.id = id
+	return id, nil
+}
+
+// DefaultStreamMaxAge is the stream's default MaxAge.
+const DefaultStreamMaxAge = 24 * time.Hour
