@@ -43,6 +43,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/worker"
@@ -164,6 +165,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 // scratch is one layout's database.
 type scratch struct {
 	pool  *pgxpool.Pool
+	inst  *install.Installation // no broker: the bench touches tables only
 	name  string
 	drop  func()
 	inbox *dedupe.Inbox
@@ -208,10 +210,12 @@ func newScratch(ctx context.Context, o options, table partition.Table, layout st
 		s.drop()
 		return nil, err
 	}
-	if s.inbox, err = dedupe.New(dedupe.Config{}); err != nil {
+	if s.inst, err = install.New(pool, nil, install.Config{Stream: install.Stream{Name: "PARTBENCH", Subjects: []string{"partbench.>"}},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}); err != nil {
 		s.drop()
 		return nil, err
 	}
+	s.inbox = dedupe.New(s.inst)
 	if layout == "partitioned" {
 		if err := s.partition(ctx); err != nil {
 			s.drop()
@@ -302,7 +306,6 @@ func measure(ctx context.Context, o options, table partition.Table, layout strin
 	logf("collection round: %s", map[string]string{"plain": "batched row deletes (1000 per statement)", "partitioned": "partition drops"}[layout])
 	t0 := time.Now()
 	dropped := 0
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if layout == "partitioned" {
 		past := func() (int, error) {
 			parts, err := partition.List(ctx, s.pool, partition.Config{}, table)
@@ -318,7 +321,7 @@ func measure(ctx context.Context, o options, table partition.Table, layout strin
 		if err != nil {
 			return r, err
 		}
-		if r.RowsDeleted, err = worker.Collect(ctx, s.pool, "", worker.RetentionConfig{}, log); err != nil {
+		if r.RowsDeleted, err = worker.Collect(ctx, s.inst, worker.RetentionConfig{}); err != nil {
 			return r, err
 		}
 		after, err := past()
@@ -326,7 +329,7 @@ func measure(ctx context.Context, o options, table partition.Table, layout strin
 			return r, err
 		}
 		dropped = before - after
-	} else if r.RowsDeleted, err = worker.Collect(ctx, s.pool, "", worker.RetentionConfig{}, log); err != nil {
+	} else if r.RowsDeleted, err = worker.Collect(ctx, s.inst, worker.RetentionConfig{}); err != nil {
 		return r, err
 	}
 	r.RoundSeconds = time.Since(t0).Seconds()

@@ -12,12 +12,13 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
@@ -31,7 +32,6 @@ func main() {
 		return nil, err
 	}
 	cfg := worker.Config{
-		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
 		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship)}},
 		Ingress:   &producer.Config{},
 	}
@@ -42,7 +42,9 @@ func main() {
 	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (key text, body bytea);
 		CREATE TABLE IF NOT EXISTS shipments (key text, body bytea)`)
 	check(err)
-	w, err := worker.New(pool, nc, cfg)
+	inst, err := install.New(pool, nc, install.Config{Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}}})
+	check(err)
+	w, err := worker.New(inst, cfg)
 	check(err)
 	check(w.Start(ctx)) // migrates idem's tables; refuses to start if a key could be forgotten too early
 
@@ -75,7 +77,9 @@ func main() {
 	case <-ctx.Done(): // SIGINT or SIGTERM
 	case <-w.Done(): // a part of the worker failed: Stop returns why, and check exits non-zero
 	}
-	check(w.Stop(context.Background())) // in-flight batches commit and ack
+	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	check(w.Stop(stopCtx)) // in-flight work commits and acks; past 30s it is cancelled, to be redelivered
 }
 
 func check(err error) {

@@ -21,7 +21,6 @@ import (
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // The README shows this program; it must show it as it is.
@@ -150,7 +149,7 @@ func TestTheProgramExitsWhenTheWorkerFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.EnsureStream(t.Context(), js, outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.CreateConsumer(t.Context(), "ORDERS", jetstream.ConsumerConfig{Durable: "shipping", AckPolicy: jetstream.AckNonePolicy}); err != nil {

@@ -3,18 +3,18 @@ package chaos
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/idemkit/idem/internal/registry"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
-	"github.com/idemkit/idem/internal/reconcile"
 )
 
 // The five cases of a delivery's identity: what names a delivery (installation,

@@ -28,7 +28,6 @@ import (
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // chromium finds the browser, or skips (fails under IDEM_REQUIRE_BROWSER=1).
@@ -135,15 +134,12 @@ func TestConsoleInABrowser(t *testing.T) {
 	msg.Header.Set(idem.HeaderKey, key)
 	msg.Header.Set(idem.HeaderMsgID, key+"-again")
 	msg.Data = payload
-	if _, err := svc.Worker().JetStream().PublishMsg(ctx, msg); err != nil {
+	if _, err := svc.Worker().Installation().JetStream().PublishMsg(ctx, msg); err != nil {
 		t.Fatal(err)
 	}
 
 	// Two charges no retry can fix: dead letters, one with markup in its payload.
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob := svc.Worker().Outbox()
 	err = pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error {
 		return ob.Enqueue(ctx, tx,
 			idem.Message{Key: "bad-<b>markup</b>", Subject: refapp.SubjectCharge, Payload: []byte(`{"bogus":"<script>alert(1)</script>"}`)},

@@ -202,11 +202,8 @@ func TestKeysAndPayloadsAreEscaped(t *testing.T) {
 	env := testenv.New(t)
 	const key = `<script>alert("key")</script>`
 	const payload = `{"note":"<img src=x onerror=alert(1)>","html":"</pre><b>bold</b>"}`
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(context.Background(), env.DB.Pool, func(tx pgx.Tx) error {
+	ob := outbox.New(env.Inst)
+	err := pgx.BeginFunc(context.Background(), env.DB.Pool, func(tx pgx.Tx) error {
 		return ob.Enqueue(context.Background(), tx, idem.Message{Key: key, Subject: testenv.Subject, Payload: []byte(payload)})
 	})
 	if err != nil {
@@ -326,10 +323,7 @@ func TestReplayAllConfirmsTheDryRunsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dls, err := consumer.NewDeadLetters(env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 	srv := server(t, console.Config{Ops: r, DeadLetters: dls})
 	c := browser(t)
 	_, page := get(t, c, srv.URL+"/console/dead-letters?consumer=charges&since=1h")

@@ -9,8 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
@@ -64,11 +63,11 @@ type Config struct {
 	NoMigrate bool
 
 	// Tuning of the parts; names, subjects and handlers are filled in.
-	Stream    outbox.StreamConfig
+	Stream    install.Stream
 	Charges   consumer.Config
 	Emails    consumer.Config
-	Relay     outbox.RelayConfig
-	Reconcile reconcile.Config
+	Relay     worker.RelayConfig
+	Reconcile worker.ReconcileConfig
 	Ingress   producer.Config
 	Retention worker.RetentionConfig
 	// ClientResendHorizon (default worker.DefaultClientResendHorizon).
@@ -138,16 +137,20 @@ func (c HTTPConfig) withDefaults() HTTPConfig {
 	return c
 }
 
-// WorkerConfig is the worker.Config of the application: stream IDEM on idem.>, the
-// charge consumer and (with an SMTP server in Email) the email consumer, the relay, the ingress
-// middleware and retention, each as enabled.
-func (c Config) WorkerConfig() (worker.Config, error) {
+// InstallConfig is the installation of the application: stream IDEM on idem.>,
+// in Schema.
+func (c Config) InstallConfig() install.Config {
 	stream := c.Stream
 	stream.Name, stream.Subjects = StreamName, []string{StreamSubjects}
+	return install.Config{Schema: c.Schema, Stream: stream, Logger: c.Logger, TracerProvider: c.TracerProvider, Observer: c.Observer}
+}
+
+// WorkerConfig is the worker.Config of the application: the charge consumer and
+// (with an SMTP server in Email) the email consumer, the relay, the ingress
+// middleware and retention, each as enabled.
+func (c Config) WorkerConfig() (worker.Config, error) {
 	wc := worker.Config{
-		Schema:              c.Schema,
 		NoMigrate:           c.NoMigrate,
-		Stream:              stream,
 		Relay:               c.Relay,
 		DisableRelay:        c.DisableRelay,
 		Reconcile:           c.Reconcile,
@@ -155,9 +158,6 @@ func (c Config) WorkerConfig() (worker.Config, error) {
 		Retention:           c.Retention,
 		DisableRetention:    c.DisableRetention,
 		ClientResendHorizon: c.ClientResendHorizon,
-		Logger:              c.Logger,
-		TracerProvider:      c.TracerProvider,
-		Observer:            c.Observer,
 	}
 	if !c.DisableIngress {
 		ic := c.Ingress

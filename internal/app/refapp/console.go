@@ -36,12 +36,9 @@ func newConsole(pool *pgxpool.Pool, w *worker.Worker, reg *prometheus.Registry, 
 	if err != nil {
 		return nil, fmt.Errorf("refapp: console: %w", err)
 	}
-	dls, err := consumer.NewDeadLetters(pool, cfg.Schema)
-	if err != nil {
-		return nil, fmt.Errorf("refapp: console: %w", err)
-	}
+	dls := consumer.NewDeadLetters(w.Installation())
 	h, err := console.New(console.Config{
-		Ops: r, DeadLetters: dls, JetStream: w.JetStream(), Stream: StreamName, Lag: w.LagHistory(), Metrics: reg,
+		Ops: r, DeadLetters: dls, JetStream: w.Installation().JetStream(), Stream: StreamName, Lag: w.LagHistory(), Metrics: reg,
 		Logger: cfg.Logger, Prefix: ConsolePath,
 		Token: cfg.Console.Token, BasicUser: cfg.Console.BasicUser, BasicPassword: cfg.Console.BasicPassword,
 	})

@@ -21,9 +21,9 @@ import (
 
 // runEmails runs an email consumer until the returned stop is called (or the test
 // ends); ctx carries fault points, if any.
-func runEmails(t *testing.T, ctx context.Context, env *testenv.Env, cfg consumer.Config) (stop func()) {
+func runEmails(t *testing.T, ctx context.Context, env *testenv.Env, cfg consumer.Config, obs idem.Observer) (stop func()) {
 	t.Helper()
-	c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+	c, err := consumer.New(appInstall(t, env, obs), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,13 +55,11 @@ func (w *emailWorld) config(t *testing.T) consumer.Config {
 	}
 	return consumer.Config{
 		Name:     refapp.EmailConsumer,
-		Stream:   refapp.StreamName,
 		Subject:  refapp.SubjectEmail,
 		External: h,
 		LeaseFor: 800 * time.Millisecond,
 		AckWait:  300 * time.Millisecond,
 		Backoff:  func(int) time.Duration { return 50 * time.Millisecond },
-		Observer: w.out.Observe,
 	}
 }
 
@@ -88,14 +86,14 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 		}
 		return nil
 	}))
-	stop := runEmails(t, crash, w.env, cfg)
+	stop := runEmails(t, crash, w.env, cfg, w.out.Observe)
 	testenv.Eventually(t, 45*time.Second, "the first worker to send and die", died.Load)
 	stop()
 	if n := w.sink.Deliveries(); n != 1 {
 		t.Fatalf("after the crash: %d deliveries, want 1", n)
 	}
 
-	runEmails(t, context.Background(), w.env, cfg) // the next worker
+	runEmails(t, context.Background(), w.env, cfg, w.out.Observe) // the next worker
 	testenv.Eventually(t, 45*time.Second, "the takeover to complete the key", func() bool {
 		return w.out.Get(idem.OutcomeProcessed) == 1
 	})
@@ -133,7 +131,7 @@ func TestEmailOneMessagePerKeyThroughWorkerKilledMidSend(t *testing.T) {
 func TestEmailLostReplyIsResentWithSameMessageID(t *testing.T) {
 	w := newEmailWorld(t)
 	w.sink.HangUpAfterData(1)
-	runEmails(t, context.Background(), w.env, w.config(t))
+	runEmails(t, context.Background(), w.env, w.config(t), w.out.Observe)
 	w.env.Publish(t, refapp.SubjectEmail, "k-lost-reply", "m1", emailPayload("b@example.com", "Hi", "body"))
 	testenv.Eventually(t, 45*time.Second, "the retry to complete", func() bool {
 		return w.out.Get(idem.OutcomeProcessed) == 1
@@ -157,7 +155,7 @@ func TestEmailDuplicatesSendOnceAndContentIsNotAKey(t *testing.T) {
 		w.env.Publish(t, refapp.SubjectEmail, "k-first", fmt.Sprintf("copy-%d", i), payload)
 	}
 	w.env.Publish(t, refapp.SubjectEmail, "k-second", "second", payload)
-	runEmails(t, context.Background(), w.env, w.config(t))
+	runEmails(t, context.Background(), w.env, w.config(t), w.out.Observe)
 	drained := w.env.DrainedOn(t, refapp.StreamName, refapp.EmailConsumer)
 	testenv.Eventually(t, 45*time.Second, "both keys sent and all 4 messages acked", func() bool {
 		return w.out.Get(idem.OutcomeProcessed) == 2 && drained()
@@ -194,7 +192,7 @@ func TestEmailPoisonIsDeadLettered(t *testing.T) {
 	w.env.Publish(t, refapp.SubjectEmail, "k-not-json", "p1", []byte(`{"to":`))
 	w.env.Publish(t, refapp.SubjectEmail, "k-two-rcpts", "p2", emailPayload("a@example.com, b@example.com", "s", "b"))
 	w.env.Publish(t, refapp.SubjectEmail, "k-fine", "ok", emailPayload("c@example.com", "s", "b"))
-	runEmails(t, context.Background(), w.env, w.config(t))
+	runEmails(t, context.Background(), w.env, w.config(t), w.out.Observe)
 	drained := w.env.DrainedOn(t, refapp.StreamName, refapp.EmailConsumer)
 	testenv.Eventually(t, 45*time.Second, "1 sent and all 3 messages settled", func() bool {
 		return w.out.Get(idem.OutcomeProcessed) == 1 && drained()

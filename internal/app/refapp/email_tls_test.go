@@ -352,9 +352,9 @@ func TestEmailAuthOverSTARTTLSDeliversOnce(t *testing.T) {
 	key := idem.ScopedKey("tenant-tls", "k-auth")
 	h := newTLSHandler(t, smtpURL("smtp", srv, smtpPass, ""), roots)
 	runEmails(t, context.Background(), env, consumer.Config{
-		Name: refapp.EmailConsumer, Stream: refapp.StreamName, Subject: refapp.SubjectEmail, External: h,
-		Backoff: func(int) time.Duration { return 50 * time.Millisecond }, Observer: out.Observe,
-	})
+		Name: refapp.EmailConsumer, Subject: refapp.SubjectEmail, External: h,
+		Backoff: func(int) time.Duration { return 50 * time.Millisecond },
+	}, out.Observe)
 	env.Publish(t, refapp.SubjectEmail, key, "m1", emailPayload("a@example.com", "Receipt", "Thanks!"))
 	env.Publish(t, refapp.SubjectEmail, key, "m2", emailPayload("a@example.com", "Receipt", "Thanks!"))
 	drained := env.DrainedOn(t, refapp.StreamName, refapp.EmailConsumer)
@@ -399,10 +399,10 @@ func TestEmailWrongPasswordIsRetriedNeverDone(t *testing.T) {
 
 	env, out := newAppEnv(t), &testenv.Outcomes{}
 	runEmails(t, context.Background(), env, consumer.Config{
-		Name: refapp.EmailConsumer, Stream: refapp.StreamName, Subject: refapp.SubjectEmail,
+		Name: refapp.EmailConsumer, Subject: refapp.SubjectEmail,
 		External: newTLSHandler(t, smtpURL("smtp", srv, wrong, ""), roots),
-		Backoff:  func(int) time.Duration { return 20 * time.Millisecond }, Observer: out.Observe,
-	})
+		Backoff:  func(int) time.Duration { return 20 * time.Millisecond },
+	}, out.Observe)
 	env.Publish(t, refapp.SubjectEmail, "k-wrong", "m1", emailPayload("a@example.com", "s", "b"))
 	testenv.Eventually(t, 45*time.Second, "several failed attempts", func() bool {
 		return out.Get(idem.OutcomeFailed) >= 3

@@ -4,9 +4,10 @@ import (
 	"context"
 	"testing"
 
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // newAppEnv is a test world with the application's tables and its stream.
@@ -16,11 +17,20 @@ func newAppEnv(t *testing.T) *testenv.Env {
 	if err := refapp.Migrate(context.Background(), env.DB.Pool); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.EnsureStream(context.Background(), env.JS, outbox.StreamConfig{
-		Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+	if _, err := appInstall(t, env, nil).EnsureStream(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	return env
+}
+
+// appInstall is the application's installation in env (its stream), with obs
+// told every event.
+func appInstall(t *testing.T, env *testenv.Env, obs idem.Observer) *install.Installation {
+	t.Helper()
+	return env.Install(t, func(c *install.Config) {
+		c.Stream = install.Stream{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}
+		c.Observer = obs
+	})
 }
 
 // ledgerRows counts ledger_entries rows for a scoped key.

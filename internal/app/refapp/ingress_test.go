@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/producer"
@@ -40,7 +41,12 @@ type answer struct {
 func newServer(t *testing.T, db *pgtest.DB, cfg producer.Config) (*httptest.Server, *http.Client) {
 	t.Helper()
 	cfg.ScopeFromHeader = true // as the application runs it (refapp.Config.WorkerConfig)
-	mw, err := producer.NewMiddleware(db.Pool, cfg)
+	// No broker: the ingress only writes the outbox.
+	inst, err := install.New(db.Pool, nil, refapp.Config{}.InstallConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := producer.NewMiddleware(inst, cfg)
 	if err != nil {
 		t.Fatalf("NewMiddleware: %v", err)
 	}

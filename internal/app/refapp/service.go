@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
@@ -53,7 +54,11 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	if err != nil {
 		return nil, err
 	}
-	w, err := worker.New(pool, nc, wc)
+	inst, err := install.New(pool, nc, cfg.InstallConfig())
+	if err != nil {
+		return nil, err
+	}
+	w, err := worker.New(inst, wc)
 	if err != nil {
 		return nil, err
 	}

@@ -184,11 +184,8 @@ func TestGracefulShutdownUnderLoadLosesNothing(t *testing.T) {
 	s := setup(t)
 	const n = 5000
 	ctx := context.Background()
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(ctx, s.env.DB.Pool, func(tx pgx.Tx) error {
+	ob := outbox.New(appInstall(t, s.env, nil))
+	err := pgx.BeginFunc(ctx, s.env.DB.Pool, func(tx pgx.Tx) error {
 		msgs := make([]idem.Message, n)
 		for i := range msgs {
 			msgs[i] = idem.Message{Key: fmt.Sprintf("shut-%05d", i), Subject: refapp.SubjectCharge,

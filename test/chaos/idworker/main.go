@@ -39,8 +39,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/worker"
 )
@@ -135,12 +135,16 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
+	inst, err := install.New(pool, nc, install.Config{
+		Stream: install.Stream{Name: c.stream, Subjects: strings.Split(c.subjects, ","), MaxAge: *maxAge},
+		Logger: log, Observer: observe(log),
+	})
+	if err != nil {
+		return err
+	}
 	cfg := worker.Config{
-		Stream:           outbox.StreamConfig{Name: c.stream, Subjects: strings.Split(c.subjects, ","), MaxAge: *maxAge},
 		DisableRelay:     !strings.Contains(*roles, "relay"),
 		DisableRetention: true, // the tests forget keys with SQL, as the collector would
-		Logger:           log,
-		Observer:         observe(log),
 	}
 	if *reconcileAfter == "off" {
 		cfg.DisableReconciler = true
@@ -149,7 +153,7 @@ func run(args []string) error {
 		if err != nil {
 			return fmt.Errorf("--reconcile-after: %w", err)
 		}
-		cfg.Reconcile = reconcile.Config{After: after, Interval: after}
+		cfg.Reconcile = worker.ReconcileConfig{After: after} // a pass every After
 	}
 	if strings.Contains(*roles, "consumers") {
 		for _, spec := range consumers {
@@ -173,7 +177,7 @@ func run(args []string) error {
 			cfg.Consumers = append(cfg.Consumers, cc)
 		}
 	}
-	w, err := worker.New(pool, nc, cfg)
+	w, err := worker.New(inst, cfg)
 	if err != nil {
 		return err
 	}
@@ -242,10 +246,12 @@ func produce(args []string) error {
 		return err
 	}
 	defer pool.Close()
-	ob, err := outbox.New(outbox.Config{Subjects: strings.Split(c.subjects, ","), Stream: c.stream})
+	// No broker: the producer only writes the outbox, and wakes the relays by NOTIFY.
+	inst, err := install.New(pool, nil, install.Config{Stream: install.Stream{Name: c.stream, Subjects: strings.Split(c.subjects, ",")}})
 	if err != nil {
 		return err
 	}
+	ob := outbox.New(inst)
 	for i := *from; i < *from+*count; i++ {
 		key := fmt.Sprintf("%s-%d", *prefix, i)
 		var msgs []idem.Message
@@ -258,7 +264,7 @@ func produce(args []string) error {
 			return fmt.Errorf("produce %s: %w", key, err)
 		}
 		fmt.Printf("produced %s\n", key)
-		if err := ob.Wake(ctx, pool); err != nil {
+		if err := ob.Wake(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "idworker: produce:", err) // the relays' poll finds the rows
 		}
 		if *pace > 0 {
