@@ -4,7 +4,7 @@ GO ?= go
 # Packages whose tests run long multi-process scenarios get their own timeout.
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test test-partitioned vet fuzz bench partbench chaos-soak chaos-cluster rss
+.PHONY: run test test-partitioned vet fuzz bench bench-go partbench chaos-soak chaos-cluster rss
 
 ## run: the worker with an embedded JetStream server (Postgres from DATABASE_URL)
 run:
@@ -55,6 +55,11 @@ rss:
 ## partbench: row deletes against partition drops at 10M inbox rows (see docs/SCALING.md)
 partbench:
 	$(GO) run ./cmd/partbench
+
+## bench-go: the testing.B benchmarks of the hot paths (inbox claim, outbox enqueue, relay batch, ingress)
+BENCH_TIME ?= 2s
+bench-go:
+	$(GO) test -run='^$$' -bench=. -benchtime=$(BENCH_TIME) ./dedupe/ ./outbox/ ./internal/relay/ ./producer/
 
 ## bench: the benchmark program with its baselines (see BENCHMARKS.md)
 bench:

@@ -1,0 +1,73 @@
+// Package deps checks what an embedder's module graph gets from idem.
+package deps
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// What the reference app, the benchmarks, the browser tests and the Watermill
+// adapter need, and an embedder of the core packages must not get.
+var forbidden = []string{
+	"github.com/chromedp/",
+	"github.com/wneessen/go-mail",
+	"github.com/nats-io/nats-server",
+	"github.com/ThreeDotsLabs/watermill",
+}
+
+// A probe module that imports every public core package, as an embedder's would,
+// has none of the forbidden modules in `go mod graph`.
+func TestEmbedderModuleGraph(t *testing.T) {
+	_, here, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(here), "..", "..")
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module probe\n\ngo 1.26.0\n\nrequire github.com/idemkit/idem v0.0.0\n\nreplace github.com/idemkit/idem => "+root+"\n")
+	write("main.go", `package main
+
+import (
+	_ "github.com/idemkit/idem"
+	_ "github.com/idemkit/idem/client"
+	_ "github.com/idemkit/idem/consumer"
+	_ "github.com/idemkit/idem/dedupe"
+	_ "github.com/idemkit/idem/install"
+	_ "github.com/idemkit/idem/migrations"
+	_ "github.com/idemkit/idem/outbox"
+	_ "github.com/idemkit/idem/producer"
+	_ "github.com/idemkit/idem/worker"
+)
+
+func main() {}
+`)
+	run := func(args ...string) string {
+		cmd := exec.CommandContext(t.Context(), "go", args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	run("mod", "tidy")
+	graph := run("mod", "graph")
+	for _, line := range strings.Split(graph, "\n") {
+		for _, f := range forbidden {
+			if strings.Contains(line, f) {
+				t.Errorf("the embedder's module graph holds %s: %s", f, line)
+			}
+		}
+	}
+	if !strings.Contains(graph, "github.com/jackc/pgx/v5") || !strings.Contains(graph, "github.com/nats-io/nats.go") {
+		t.Errorf("the graph lacks pgx or nats.go, so it is not idem's:\n%s", graph)
+	}
+	t.Logf("the probe's graph has %d edges", strings.Count(graph, "\n"))
+}
