@@ -437,8 +437,8 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := c.cfg
-	if got.BaseURL != DefaultBaseURL || got.MaxAttempts != DefaultMaxAttempts || got.BackoffBase != DefaultBackoffBase ||
-		got.BackoffMax != DefaultBackoffMax || got.Timeout != DefaultTimeout || got.KeyLifetime != DefaultKeyLifetime ||
+	if got.BaseURL != DefaultBaseURL || got.MaxAttempts != DefaultMaxAttempts || got.BackoffBase != defaultBackoffBase ||
+		got.BackoffMax != defaultBackoffMax || got.Timeout != DefaultTimeout || got.KeyLifetime != DefaultKeyLifetime ||
 		got.HTTPClient == nil || got.Logger == nil {
 		t.Fatalf("defaults not applied: %+v", got)
 	}

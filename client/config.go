@@ -18,10 +18,10 @@ const (
 	DefaultBaseURL = "http://127.0.0.1:8080"
 	// DefaultMaxAttempts bounds the sends of one Submit or Resume call.
 	DefaultMaxAttempts = 8
-	// DefaultBackoffBase and DefaultBackoffMax shape the jittered wait between
+	// defaultBackoffBase and defaultBackoffMax shape the jittered wait between
 	// attempts.
-	DefaultBackoffBase = 100 * time.Millisecond
-	DefaultBackoffMax  = 10 * time.Second
+	defaultBackoffBase = 100 * time.Millisecond
+	defaultBackoffMax  = 10 * time.Second
 	// DefaultTimeout bounds one attempt, response body included.
 	DefaultTimeout = 10 * time.Second
 	// DefaultKeyLifetime is how long the client keeps re-sending a pending intent:
@@ -30,8 +30,8 @@ const (
 	// lifetime (72h by default), so that every retry still finds its key remembered
 	// at each hop.
 	DefaultKeyLifetime = 24 * time.Hour
-	// DefaultMaxResponseBytes bounds the response body kept in the Store.
-	DefaultMaxResponseBytes = 1 << 20
+	// defaultMaxResponseBytes bounds the response body kept in the Store.
+	defaultMaxResponseBytes = 1 << 20
 )
 
 // Config configures a Client. The zero value of every field but Store means its
@@ -115,8 +115,8 @@ func (c *Config) validate() error {
 		v    *time.Duration
 		def  time.Duration
 	}{
-		{"BackoffBase", &c.BackoffBase, DefaultBackoffBase},
-		{"BackoffMax", &c.BackoffMax, DefaultBackoffMax},
+		{"BackoffBase", &c.BackoffBase, defaultBackoffBase},
+		{"BackoffMax", &c.BackoffMax, defaultBackoffMax},
 		{"Timeout", &c.Timeout, DefaultTimeout},
 		{"KeyLifetime", &c.KeyLifetime, DefaultKeyLifetime},
 	} {
@@ -140,7 +140,7 @@ func (c *Config) validate() error {
 		return fmt.Errorf("client: config: MaxResponseBytes is negative: %d", c.MaxResponseBytes)
 	}
 	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
+		c.MaxResponseBytes = defaultMaxResponseBytes
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

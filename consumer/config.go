@@ -28,10 +28,10 @@ const (
 	// DefaultLeaseFor is how long an external effect's claim outlives a worker that
 	// stopped extending it.
 	DefaultLeaseFor = 30 * time.Second
-	// DefaultMaxBufferedBytes bounds the bytes fetched ahead of the handlers.
-	DefaultMaxBufferedBytes = 16 << 20
-	// DefaultMaxBatchBytes bounds the bytes of one batch.
-	DefaultMaxBatchBytes = 4 << 20
+	// defaultMaxBufferedBytes bounds the bytes fetched ahead of the handlers.
+	defaultMaxBufferedBytes = 16 << 20
+	// defaultMaxBatchBytes bounds the bytes of one batch.
+	defaultMaxBatchBytes = 4 << 20
 )
 
 // Config configures a Consumer. Name, Subject and exactly one handler are
@@ -204,10 +204,10 @@ func (c Config) WithDefaults() Config {
 		c.maxAckPending = max(1000, 4*c.BatchSize*c.Concurrency)
 	}
 	if c.MaxBufferedBytes == 0 {
-		c.MaxBufferedBytes = DefaultMaxBufferedBytes
+		c.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
 	if c.MaxBatchBytes == 0 {
-		c.MaxBatchBytes = DefaultMaxBatchBytes
+		c.MaxBatchBytes = defaultMaxBatchBytes
 	}
 	if c.CheckInterval == 0 {
 		c.CheckInterval = 5 * time.Second

@@ -96,13 +96,12 @@ type ReplayOptions struct {
 	// had completed this key before: its inbox may no longer remember that. A dead
 	// letter without a valid key is refused even when forced.
 	Force bool
-	// BatchSize is how many dead letters one transaction replays (default
-	// DefaultReplayBatch).
+	// BatchSize is how many dead letters one transaction replays (default 100).
 	BatchSize int
 }
 
-// DefaultReplayBatch is how many dead letters a bulk replay commits at once.
-const DefaultReplayBatch = 100
+// defaultReplayBatch is how many dead letters a bulk replay commits at once.
+const defaultReplayBatch = 100
 
 // Actions of a ReplayResult.
 const (
@@ -263,7 +262,7 @@ func (dl *DeadLetters) Replay(ctx context.Context, f Filter, opts ReplayOptions)
 		return ReplayReport{}, errors.New("consumer: replay: BatchSize must not be negative")
 	}
 	if opts.BatchSize == 0 {
-		opts.BatchSize = DefaultReplayBatch
+		opts.BatchSize = defaultReplayBatch
 	}
 	var rep ReplayReport
 	var after int64 // the cursor: every call moves past a dead letter once

@@ -54,9 +54,9 @@ const (
 	DefaultMaxBodyBytes = 1 << 20
 	// DefaultMaxResponseBytes is the largest response body stored for replay.
 	DefaultMaxResponseBytes = 1 << 20
-	// DefaultMaxInFlightWait is how long a request beyond MaxInFlight waits for a
+	// defaultMaxInFlightWait is how long a request beyond MaxInFlight waits for a
 	// slot before it is refused.
-	DefaultMaxInFlightWait = 250 * time.Millisecond
+	defaultMaxInFlightWait = 250 * time.Millisecond
 )
 
 // maxClaimAttempts bounds the claim loop, which only repeats when the record it
@@ -130,7 +130,7 @@ type Config struct {
 	// MaxInFlightWait is how long a request beyond MaxInFlight waits for a slot,
 	// holding no connection, before it gets the 503: a burst shorter than this is
 	// queued rather than refused, since a refused client comes back only after
-	// Retry-After (a second). Default DefaultMaxInFlightWait; negative: no wait.
+	// Retry-After (a second). Default 250ms; negative: no wait.
 	MaxInFlightWait time.Duration
 }
 
@@ -149,7 +149,7 @@ func (c Config) WithDefaults() Config {
 		c.MaxResponseBytes = DefaultMaxResponseBytes
 	}
 	if c.MaxInFlightWait == 0 {
-		c.MaxInFlightWait = DefaultMaxInFlightWait
+		c.MaxInFlightWait = defaultMaxInFlightWait
 	}
 	if c.Scope == nil {
 		c.Scope = noScope
