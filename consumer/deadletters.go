@@ -144,7 +144,7 @@ func (r ReplayReport) Count(action string) int {
 // ErrReplayRefused is wrapped by the error of a replay that was refused: past the
 // replay horizon, horizon unknown, or nothing replayable (no valid key, a header
 // that cannot be sent).
-var ErrReplayRefused = errors.New("replay refused")
+var ErrReplayRefused = errors.New("consumer: replay refused")
 
 // DeadLetters is the operator's view of idem_dead_letters: list, inspect, replay.
 //
