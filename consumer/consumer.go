@@ -112,8 +112,9 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // already started (commit or complete, then ack) and returns nil. Messages received
 // but not started are handed straight back to the broker.
 //
-// Before the first message it registers the consumer in the installation (see
-// package reconcile) and binds its durable JetStream consumer: one that belongs to
+// Before the first message it registers the consumer in the installation (the
+// reconciler then expects it to settle what it reads; see Rename and Forget) and
+// binds its durable JetStream consumer: one that belongs to
 // another installation (another database, cluster or schema, as its metadata
 // records) is refused with ErrForeignDurable, since two installations sharing a
 // durable split its messages between their inboxes.

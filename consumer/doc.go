@@ -1,8 +1,8 @@
 // Package consumer is idem's consuming half of "once": a JetStream pull engine that
 // runs a handler at most once per idempotency key, whatever the broker redelivers.
 //
-// A Consumer reads a durable pull consumer (Config.Name on Config.Stream, filtered by
-// Config.Subject). Every delivery carries its intent's scoped key in the
+// A Consumer reads a durable pull consumer (Config.Name on its installation's
+// stream, filtered by Config.Subject). Every delivery carries its intent's scoped key in the
 // Idempotency-Key header; the delivery is claimed in idem_inbox under (consumer,
 // key, message) — the message being its subject, or its subject and the name its
 // producer gave it (idem.MessageOf) — and the effect runs only for a delivery that

@@ -8,7 +8,7 @@
 //	ob.Enqueue(ctx, tx, idem.Message{Key: scopedKey, Subject: "orders.created", Payload: body})
 //	tx.Commit(ctx)
 //
-// The Relay then moves committed rows to JetStream. It claims unpublished rows in
+// The worker's relay then moves committed rows to JetStream. It claims unpublished rows in
 // batches (FOR UPDATE SKIP LOCKED, so several relays share one outbox), publishes
 // each with the headers Idempotency-Key (the scoped key) and Nats-Msg-Id (derived
 // from subject and key, idem.MsgID), and marks the rows published only after their
@@ -19,22 +19,18 @@
 //
 // The relay is woken by a NOTIFY sent at commit, with a poll as fallback. A NOTIFY
 // inside a transaction serialises its commit with every other notifying
-// transaction's, which costs a busy ingress a third of its commit rate; so a
-// caller on the hot path pipelines its INSERT with AddToBatch and calls Wake after
-// its commit instead. Wake reaches a relay of the same process directly
-// (RelayConfig.Outbox) and otherwise sends one coalesced NOTIFY outside any
-// transaction. The producer middleware works this way.
+// transaction's, which a busy ingress pays for in commit rate; so a caller on the
+// hot path pipelines its INSERT with AddToBatch and calls Wake after its commit
+// instead. Wake reaches a relay of the same process and installation directly
+// and otherwise sends one coalesced NOTIFY outside any transaction. The producer
+// middleware works this way.
 //
 // # Topology
 //
-// Stream name and subjects belong to the user. Config.Subjects (the stream's subject
-// filters) makes Enqueue refuse a subject no stream would store; EnsureStream
-// creates the stream when it is absent; RelayConfig.Stream makes every publish
-// expect that stream, so a subject captured by some other stream is an error rather
-// than a silent misroute.
-//
-// # Schema
-//
-// idem_outbox lives in the Postgres schema named by Config.Schema and
-// RelayConfig.Schema (default public); both must name the same one.
+// An Outbox belongs to an installation (package install): the stream's subjects
+// make Enqueue refuse a subject no stream would store, its broker's max_payload
+// refuses a message it could never carry, and the relay expects every publish to
+// land in the installation's stream, so a subject captured by some other stream is
+// an error rather than a silent misroute. idem_outbox lives in the installation's
+// schema.
 package outbox

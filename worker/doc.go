@@ -1,9 +1,10 @@
-// Package worker is idem's composition root: given a pgx pool, a NATS connection and
-// a Config, it runs everything a service needs to make its effects happen once per
-// intent, the way River's Client runs a job queue.
+// Package worker is idem's composition root: given an installation (package
+// install: a pgx pool, a NATS connection, a stream) and a Config, it runs
+// everything a service needs to make its effects happen once per intent, the way
+// River's Client runs a job queue.
 //
-//	w, err := worker.New(pool, nc, worker.Config{
-//		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+//	inst, err := install.New(pool, nc, install.Config{Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}}})
+//	w, err := worker.New(inst, worker.Config{
 //		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: ship}},
 //		Ingress:   &producer.Config{},
 //	})
@@ -11,7 +12,7 @@
 //	mux.Handle("POST /orders", w.Ingress().Wrap(createOrder))
 //	mux.Handle("GET /readyz", w.ReadyHandler())
 //	...
-//	w.Stop(shutdownCtx)                          // graceful: in-flight work commits and acks
+//	w.Stop(shutdownCtx)                          // in-flight work commits and acks; cancelled when shutdownCtx ends
 //
 // # What it runs
 //
@@ -21,6 +22,10 @@
 //   - the consumers, in-transaction and external alike (package consumer);
 //   - the outbox relay, which publishes committed outbox rows to the stream
 //     (package outbox), unless DisableRelay;
+//   - the reconciler, beside the relay unless DisableReconciler, which proves
+//     every published intent settled by every consumer registered to read it,
+//     re-drives what the stream lost, and alerts (as a dead letter) what can no
+//     longer be delivered safely;
 //   - the collector, which deletes expired inbox keys, request records and published
 //     outbox rows in small batches, unless DisableRetention.
 //
@@ -29,12 +34,20 @@
 // fails stops the others: Done closes and Err names it, so a process can exit
 // non-zero and be restarted by its supervisor.
 //
+// # Stopping
+//
+// Stop is soft first: the consumers stop fetching and the work in flight
+// finishes (a batch commits and acks, an external effect completes, the relay
+// marks its batch). When Stop's context ends before that, the stop turns hard: the
+// handlers' contexts are cancelled, a batch rolls back, and its messages are
+// redelivered later, as after a crash. Stop returns once every goroutine has.
+//
 // # The lifetime invariant
 //
 // A key must be remembered longer than any window in which its intent can still
 // arrive, or a late arrival runs the effect a second time. For every consumer of the
 // stream registered in the installation (this worker's, by their configuration;
-// other processes', by what they registered: package reconcile), the inbox key
+// other processes', by what they registered when they started), the inbox key
 // lifetime must exceed the stream's MaxAge, the consumer's redelivery horizon
 // (consumer.Config.RedeliveryHorizon) and the clients' re-send horizon
 // (Config.ClientResendHorizon); the ingress's request key lifetime must exceed the
@@ -52,13 +65,14 @@
 // # Ingress
 //
 // With Config.Ingress set, Ingress returns the HTTP Idempotency-Key middleware
-// (package producer), bound to the worker's schema and to an outbox that accepts
-// only the stream's subjects. The HTTP server itself is the application's: the
+// (package producer) of the worker's installation: its outbox accepts only the
+// stream's subjects, and wakes this worker's relay directly. The HTTP server itself is the application's: the
 // worker offers its handlers (LiveHandler, ReadyHandler) and its metrics
 // (RegisterMetrics), and leaves listening, timeouts and routes to the service.
 //
 // # Observing
 //
-// Every component reports through one hook shape, idem.Observer. The worker feeds
-// its Prometheus metrics (RegisterMetrics) from it and then calls Config.Observer.
+// Every component reports through one hook shape, idem.Observer, with one of the
+// idem.Outcome constants. The worker feeds its Prometheus metrics
+// (RegisterMetrics) from it and then calls the installation's Observer.
 package worker

@@ -1,7 +1,7 @@
 // Package jsbatch sends JetStream atomic batches (nats-server 2.12 and later): a
 // batch's messages are stored all at once or not at all, with one PubAck for the
 // batch. It is the wire protocol only; what to do with a refusal is the caller's
-// (outbox.RelayConfig.AtomicPublish, and the bench's publish-batch scenario).
+// (worker.RelayConfig.AtomicPublish, and the bench's publish-batch scenario).
 package jsbatch
 
 import (

@@ -30,7 +30,7 @@
 //
 //   - settled by every expected consumer: complete. Its expires_at is set (now plus
 //     Retention), and only then may the collector delete it. The relay sets no
-//     expiry on rows it publishes when it awaits proof (outbox.RelayConfig.AwaitProof),
+//     expiry on rows it publishes when it awaits proof (relay.Config.AwaitProof),
 //     so a row is never deleted by age alone.
 //   - published less than After ago: in flight, left alone.
 //   - read by no registered consumer: unrouted, reported; dead-lettered under the

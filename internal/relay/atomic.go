@@ -11,12 +11,12 @@ import (
 	"github.com/idemkit/idem/internal/jsbatch"
 )
 
-// Atomic batch publish (RelayConfig.AtomicPublish): a batch's messages go to the
+// Atomic batch publish (Config.AtomicPublish): a batch's messages go to the
 // stream as one JetStream atomic batch. Every message but the last is published
 // without a reply; the last carries Nats-Batch-Commit and gets one PubAck for the
 // whole batch, which the stream stores at once or not at all. With fsync on every
-// write that is one fsync per batch instead of one per message: about 95,000 against
-// 5,100 messages/s in `go run ./cmd/bench -scenarios publish-batch` (BENCHMARKS.md).
+// write that is one fsync per batch instead of one per message (BENCHMARKS.md,
+// publish-batch, has the measured difference).
 //
 // The broker refuses a whole batch that holds a Msg-Id it already stored, where
 // a plain publish would be answered "duplicate". A relay meets that after a crash
@@ -27,7 +27,7 @@ import (
 // without AtomicPublish.
 
 // MaxAtomicBatch is the most messages nats-server takes in one atomic batch by
-// default (its jetstream max_batch_size): RelayConfig.BatchSize may not exceed it
+// default (its jetstream max_batch_size): Config.BatchSize may not exceed it
 // with AtomicPublish.
 const MaxAtomicBatch = jsbatch.MaxBatch
 

@@ -6,9 +6,9 @@ package store
 const (
 	// sqlEnqueue inserts any number of messages in one statement, one array per
 	// column. sqlEnqueueOne is the same for the commonest case, one message per
-	// transaction (one intent per request): there a plain VALUES row cost Postgres
-	// 80–185 µs less per transaction than unnest over one-element arrays
-	// (BENCHMARKS.md, "The ingress's SQL alone").
+	// transaction (one intent per request): there a plain VALUES row costs Postgres
+	// less than unnest over one-element arrays (BENCHMARKS.md, "The ingress's SQL
+	// alone").
 	sqlOutboxEnqueue = `
 INSERT INTO idem_outbox (key, subject, msg_id, headers, payload, message_name)
 SELECT k, s, m, h::jsonb, p, NULLIF(n, '')

@@ -69,7 +69,7 @@ type Config struct {
 	// EmbeddedNATSSyncAlways makes the embedded server fsync every write. The
 	// worker sets it only when it runs no reconciler: with one, a write the broker
 	// acknowledged and then lost in a crash is found and re-driven, so JetStream's
-	// default sync interval is safe and several times faster.
+	// default sync interval is safe, and faster.
 	EmbeddedNATSSyncAlways bool
 	// MaxConns is the pool's size unless the database URL sets pool_max_conns
 	// (default DefaultMaxConns). pgxpool's own default (4 on a small machine) is less
