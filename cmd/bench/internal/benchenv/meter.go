@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -19,17 +18,15 @@ import (
 // environment's database.
 type Meter struct {
 	env         *Env
-	start       time.Time
-	cpu         time.Duration
-	pg          map[int]time.Duration
+	start       measure.Sample
 	stopProfile func()
 }
 
 // StartMeter begins a timed phase (and the CPU profile, when asked for).
 func (e *Env) StartMeter(ctx context.Context) (*Meter, error) {
 	m := &Meter{env: e, stopProfile: func() {}}
-	var err error
-	if m.pg, err = e.backendCPU(ctx); err != nil {
+	pids, err := e.backends(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if e.cfg.CPUProfile != "" {
@@ -38,42 +35,38 @@ func (e *Env) StartMeter(ctx context.Context) (*Meter, error) {
 			return nil, err
 		}
 	}
-	if m.cpu, err = measure.SelfCPU(); err != nil {
+	if m.start, err = measure.Take(pids); err != nil {
 		m.stopProfile()
 		return nil, err
 	}
 	if e.tracer != nil {
 		e.tracer.Reset()
 	}
-	m.start = time.Now()
 	return m, nil
 }
 
-// Stop ends the phase.
+// Stop ends the phase. The backends are listed again after the clock and this
+// process's CPU are read, so a backend that started during the phase counts.
 func (m *Meter) Stop(ctx context.Context) (measure.Measurement, error) {
-	var out measure.Measurement
-	out.Elapsed = time.Since(m.start)
-	cpu, err := measure.SelfCPU()
+	end, err := measure.Take(nil)
 	if err != nil {
-		return out, err
+		return measure.Measurement{}, err
 	}
 	m.stopProfile()
 	if m.env.tracer != nil {
-		m.env.tracer.Print(os.Stderr, m.env.cfg.Label, out.Elapsed)
+		m.env.tracer.Print(os.Stderr, m.env.cfg.Label, end.At.Sub(m.start.At))
 	}
-	out.ProcCPU = cpu - m.cpu
-	pg, err := m.env.backendCPU(ctx)
+	pids, err := m.env.backends(ctx)
 	if err != nil {
-		return out, err
+		return measure.Measurement{}, err
 	}
-	out.PGCPU = measure.CPUDelta(m.pg, pg)
-	return out, nil
+	end.Backends = measure.BackendsCPU(pids)
+	return measure.Between(m.start, end), nil
 }
 
-// backendCPU returns the CPU time used so far by each Postgres backend connected to
-// the environment's database, from /proc (Postgres runs on this machine). A backend
-// that cannot be read (it exited, or Postgres is remote) is skipped.
-func (e *Env) backendCPU(ctx context.Context) (map[int]time.Duration, error) {
+// backends lists the Postgres backends connected to the environment's database
+// (Postgres runs on this machine: their CPU is read from /proc).
+func (e *Env) backends(ctx context.Context) ([]int, error) {
 	rows, err := e.Pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, e.DBName)
 	if err != nil {
 		return nil, fmt.Errorf("meter: list backends: %w", err)
@@ -82,11 +75,9 @@ func (e *Env) backendCPU(ctx context.Context) (map[int]time.Duration, error) {
 	if err != nil {
 		return nil, fmt.Errorf("meter: list backends: %w", err)
 	}
-	out := make(map[int]time.Duration, len(pids))
-	for _, pid := range pids {
-		if t, err := measure.ProcCPU(int(pid)); err == nil {
-			out[int(pid)] = t
-		}
+	out := make([]int, len(pids))
+	for i, p := range pids {
+		out[i] = int(p)
 	}
 	return out, nil
 }

@@ -125,3 +125,45 @@ func CPUModel(cpuinfo []byte) string {
 	}
 	return ""
 }
+
+// Sample is a reading taken at the start or the end of a timed phase: the
+// clock, this process's CPU, and each listed backend's CPU.
+type Sample struct {
+	At       time.Time
+	CPU      time.Duration
+	Backends map[int]time.Duration
+}
+
+// Take reads the clock and this process's CPU (in that order, so a start sample
+// is taken as late and an end sample as early as it can be), then the CPU of
+// each of pids (BackendsCPU).
+func Take(pids []int) (Sample, error) {
+	s := Sample{At: time.Now()}
+	var err error
+	if s.CPU, err = SelfCPU(); err != nil {
+		return s, err
+	}
+	s.Backends = BackendsCPU(pids)
+	return s, nil
+}
+
+// BackendsCPU reads the CPU each of pids has used so far, skipping a pid that
+// cannot be read.
+func BackendsCPU(pids []int) map[int]time.Duration {
+	out := make(map[int]time.Duration, len(pids))
+	for _, pid := range pids {
+		if t, err := ProcCPU(pid); err == nil {
+			out[pid] = t
+		}
+	}
+	return out
+}
+
+// Between is what a phase took from the sample start to the sample end.
+func Between(start, end Sample) Measurement {
+	return Measurement{
+		Elapsed: end.At.Sub(start.At),
+		ProcCPU: end.CPU - start.CPU,
+		PGCPU:   CPUDelta(start.Backends, end.Backends),
+	}
+}

@@ -1,6 +1,7 @@
 package measure
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,29 @@ func TestSelfCPUAndPeakRSSReadThisProcess(t *testing.T) {
 	}
 	if rss < 1<<20 {
 		t.Errorf("PeakRSS = %d bytes, less than 1 MiB", rss)
+	}
+}
+
+func TestBetween(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	start := Sample{At: t0, CPU: time.Second, Backends: map[int]time.Duration{7: time.Second}}
+	end := Sample{At: t0.Add(3 * time.Second), CPU: 2500 * time.Millisecond, Backends: map[int]time.Duration{7: 2 * time.Second, 8: time.Second}}
+	got := Between(start, end)
+	want := Measurement{Elapsed: 3 * time.Second, ProcCPU: 1500 * time.Millisecond, PGCPU: 2 * time.Second}
+	if got != want {
+		t.Errorf("Between = %+v, want %+v", got, want)
+	}
+}
+
+func TestTakeReadsThisProcessAsABackend(t *testing.T) {
+	s, err := Take([]int{os.Getpid(), -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := s.Backends[os.Getpid()]; !ok {
+		t.Error("Take skipped a readable pid")
+	}
+	if _, ok := s.Backends[-1]; ok {
+		t.Error("Take read a pid that does not exist")
 	}
 }
