@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/exec"
 	"runtime"
@@ -14,56 +15,45 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/idemkit/idem/cmd/bench/internal/measure"
+	"github.com/idemkit/idem/cmd/bench/internal/report"
+	"github.com/idemkit/idem/cmd/bench/internal/scenario"
 )
 
-// envFactory makes a fresh environment; label names it in messages and profiles.
-type envFactory func(ctx context.Context, label string) (*Env, error)
-
-// Machine describes where the numbers were taken.
-type Machine struct {
-	NumCPU     int    `json:"num_cpu"`
-	CPUModel   string `json:"cpu_model"`
-	Memory     string `json:"memory"`
-	GoVersion  string `json:"go"`
-	Postgres   string `json:"postgres"`
-	PGSettings string `json:"postgres_settings"`
-	NATSServer string `json:"nats_server"`
-	SyncAlways bool   `json:"jetstream_sync_always"`
-}
-
-// runParent runs each scenario in a child process, one after another, then prints
-// the table and writes the JSON.
-func runParent(ctx context.Context, opts Options, log *slog.Logger) error {
-	machine, err := describeMachine(ctx, opts)
+// runParent runs each scenario in a child process (or in this one, -inprocess),
+// one after another, then prints the table and writes the JSON.
+func runParent(ctx context.Context, cfg config, log *slog.Logger) error {
+	machine, err := describeMachine(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	isolation := "one child process per scenario"
-	if opts.InProcess {
+	if cfg.InProcess {
 		isolation = "every scenario in this process"
 	}
 	fmt.Fprintf(os.Stderr, "bench: N=%d, scenarios %s, embedded JetStream SyncAlways=%v, %s\n",
-		opts.N, strings.Join(opts.Scenarios, ","), opts.SyncAlways, isolation)
+		cfg.N, strings.Join(cfg.Scenarios, ","), cfg.SyncAlways, isolation)
 	started := time.Now()
-	var results []Result
+	var results []report.Result
 	var failures []string
-	for _, sc := range opts.Scenarios {
-		fmt.Fprintf(os.Stderr, "== %s\n", sc)
-		var rs []Result
-		if opts.InProcess {
-			rs, err = runScenario(ctx, opts, sc, log)
+	for _, name := range cfg.Scenarios {
+		fmt.Fprintf(os.Stderr, "== %s\n", name)
+		var rs []report.Result
+		if cfg.InProcess {
+			rs, err = runOne(ctx, cfg, name, log)
 			if err == nil {
-				rss, _ := peakRSS()
+				rss, _ := measure.PeakRSS()
 				for i := range rs {
 					rs[i].PeakRSS = rss
 				}
 			}
 		} else {
-			rs, err = spawn(ctx, sc)
+			rs, err = spawn(ctx, name)
 		}
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "== %s FAILED: %v\n", sc, err)
-			failures = append(failures, fmt.Sprintf("%s: %v", sc, err))
+			fmt.Fprintf(os.Stderr, "== %s FAILED: %v\n", name, err)
+			failures = append(failures, fmt.Sprintf("%s: %v", name, err))
 			if ctx.Err() != nil {
 				break
 			}
@@ -73,23 +63,13 @@ func runParent(ctx context.Context, opts Options, log *slog.Logger) error {
 	}
 	fmt.Fprintf(os.Stderr, "bench: done in %s\n", time.Since(started).Round(time.Second))
 
-	ratios, targets := ratiosAndTargets(results)
-	rep := Report{
-		Date:     started.UTC().Format(time.RFC3339),
-		Command:  commandLine(),
-		Machine:  machine,
-		Options:  optionsMap(opts),
-		Results:  results,
-		Ratios:   ratios,
-		Targets:  targets,
-		Failures: failures,
-	}
-	printTable(os.Stdout, rep)
-	if opts.JSONPath != "" {
-		if err := writeJSON(opts.JSONPath, rep); err != nil {
+	rep := report.New(started.UTC().Format(time.RFC3339), strings.Join(os.Args, " "), machine, optionsMap(cfg), results, failures)
+	report.PrintTable(os.Stdout, rep)
+	if cfg.JSONPath != "" {
+		if err := report.WriteJSON(cfg.JSONPath, rep); err != nil {
 			return err
 		}
-		fmt.Fprintf(os.Stderr, "bench: results written to %s\n", opts.JSONPath)
+		fmt.Fprintf(os.Stderr, "bench: results written to %s\n", cfg.JSONPath)
 	}
 	if len(failures) > 0 {
 		return fmt.Errorf("%d scenario(s) failed", len(failures))
@@ -99,12 +79,12 @@ func runParent(ctx context.Context, opts Options, log *slog.Logger) error {
 
 // spawn runs one scenario in a child process of this binary and reads its results
 // from the child's stdout. The child's stderr (progress) passes through.
-func spawn(ctx context.Context, scenario string) ([]Result, error) {
+func spawn(ctx context.Context, name string) ([]report.Result, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
 	}
-	args := append(append([]string{}, os.Args[1:]...), "-child", scenario)
+	args := append(append([]string{}, os.Args[1:]...), "-child", name)
 	cmd := exec.CommandContext(ctx, exe, args...)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, os.Stderr
@@ -114,21 +94,21 @@ func spawn(ctx context.Context, scenario string) ([]Result, error) {
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("child process: %w", err)
 	}
-	var rs []Result
+	var rs []report.Result
 	if err := json.Unmarshal(stdout.Bytes(), &rs); err != nil {
 		return nil, fmt.Errorf("child process: decode results: %w", err)
 	}
 	return rs, nil
 }
 
-// runChild runs opts.child and prints its results, with the process's peak RSS, as
+// runChild runs cfg.child and prints its results, with the process's peak RSS, as
 // JSON on stdout.
-func runChild(ctx context.Context, opts Options, log *slog.Logger) error {
-	rs, err := runScenario(ctx, opts, opts.child, log)
+func runChild(ctx context.Context, cfg config, log *slog.Logger) error {
+	rs, err := runOne(ctx, cfg, cfg.child, log)
 	if err != nil {
 		return err
 	}
-	rss, err := peakRSS()
+	rss, err := measure.PeakRSS()
 	if err != nil {
 		return err
 	}
@@ -140,96 +120,35 @@ func runChild(ctx context.Context, opts Options, log *slog.Logger) error {
 	return json.NewEncoder(os.Stdout).Encode(rs)
 }
 
-// runScenario runs one scenario with fresh environments.
-func runScenario(ctx context.Context, opts Options, name string, log *slog.Logger) ([]Result, error) {
-	envWith := func(syncAlways bool) envFactory {
-		return func(ctx context.Context, label string) (*Env, error) {
-			return NewEnv(ctx, EnvConfig{
-				AdminURL:      opts.DatabaseURL,
-				MaxConns:      int32(max(opts.Workers, opts.Producers+opts.Concurrency+4, durabilityProducers+opts.Concurrency+4, opts.HTTPClients+8) + 4),
-				SyncAlways:    syncAlways,
-				Keep:          opts.Keep,
-				Scenario:      label,
-				CPUProfile:    opts.CPUProfile,
-				TraceSQL:      opts.TraceSQL,
-				PlanCacheMode: opts.PlanCache,
-				Log:           log,
-			})
-		}
+// runOne runs the scenario called name.
+func runOne(ctx context.Context, cfg config, name string, log *slog.Logger) ([]report.Result, error) {
+	s, err := scenario.Lookup(name)
+	if err != nil {
+		return nil, err
 	}
-	newEnv := envWith(opts.SyncAlways)
-	baseline := BaselineConfig{N: opts.N, Workers: opts.Workers, Timeout: opts.Timeout, Log: log}
-	pipeline := PipelineConfig{
-		N: opts.N, PayloadBytes: opts.PayloadBytes, EnqueueBatch: opts.EnqueueBatch, RelayBatch: opts.RelayBatch,
-		BatchSize: opts.BatchSize, Concurrency: opts.Concurrency, Timeout: opts.Timeout, Log: log,
-	}
-	e2e := E2EConfig{Pipeline: pipeline, MaxProducers: opts.Producers, Rate: opts.Rate, RateBatch: opts.RateBatch, DurabilityBatch: opts.DurabilityBatch}
-
-	switch name {
-	case scNaive:
-		return withEnv(ctx, labelled(newEnv, name), func(env *Env) ([]Result, error) { return runNaive(ctx, env, baseline) })
-	case scInbox:
-		return withEnv(ctx, labelled(newEnv, name), func(env *Env) ([]Result, error) { return runHandwrittenInbox(ctx, env, baseline) })
-	case scConsumer:
-		cfg := ConsumerConfig{N: opts.N, BatchSize: opts.BatchSize, Concurrency: opts.Concurrency, Timeout: opts.Timeout, Log: log}
-		return withEnv(ctx, labelled(newEnv, name), func(env *Env) ([]Result, error) { return runIdemConsumer(ctx, env, cfg) })
-	case scRelay:
-		cfg := RelayBenchConfig{N: opts.N, EnqueueBatch: 1000, BatchSize: opts.RelayBatch, Timeout: opts.Timeout, Log: log}
-		return withEnv(ctx, labelled(newEnv, name), func(env *Env) ([]Result, error) { return runRelay(ctx, env, cfg) })
-	case scE2E:
-		// The product runs a reconciler beside its relay: so does the bench.
-		e2e.Pipeline.Reconcile = true
-		return runE2E(ctx, newEnv, e2e)
-	case scE2EHTTP, scPlainHTTP:
-		hc := HTTPConfig{N: opts.N, Clients: opts.HTTPClients, Rate: opts.HTTPRate, RateN: opts.HTTPRateN, Timeout: opts.Timeout, Log: log}
-		return runHTTPScenario(ctx, newEnv, name, hc)
-	case scWatermillHTTP:
-		return runWatermillHTTP(ctx, opts)
-	case scE2EDurability:
-		return runE2EDurability(ctx, envWith, e2e)
-	case scE2EOrdered:
-		return runE2EOrdered(ctx, newEnv, opts, log)
-	case scPublishBatch:
-		return runPublishBatch(ctx, opts)
-	case scE2EDup:
-		e2e.Pipeline.DropFraction, e2e.Pipeline.AckWait = opts.DupDrop, opts.DupAckWait
-		return runE2EDup(ctx, newEnv, e2e)
-	}
-	return nil, fmt.Errorf("unknown scenario %q", name)
+	return scenario.Run(ctx, s, &scenario.Harness{Opts: cfg.Options, Log: log})
 }
 
-// labelled fixes the label of every environment f makes.
-func labelled(f envFactory, label string) func(context.Context) (*Env, error) {
-	return func(ctx context.Context) (*Env, error) { return f(ctx, label) }
-}
-
-func describeMachine(ctx context.Context, opts Options) (Machine, error) {
-	m := Machine{
+// describeMachine reads where the numbers are taken: this machine, and the
+// Postgres server's version and durability settings.
+func describeMachine(ctx context.Context, cfg config) (report.Machine, error) {
+	m := report.Machine{
 		NumCPU:     runtime.NumCPU(),
 		GoVersion:  runtime.Version(),
 		NATSServer: "v" + server.VERSION,
-		SyncAlways: opts.SyncAlways,
+		SyncAlways: cfg.SyncAlways,
 	}
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
-				var kb int64
-				fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), &kb)
-				m.Memory = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
-			}
+		if kb, err := measure.ParseKB(b, "MemTotal"); err == nil {
+			m.Memory = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
 		}
 	}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(line, "model name"); ok {
-				m.CPUModel = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(rest), ":"))
-				break
-			}
-		}
+		m.CPUModel = measure.CPUModel(b)
 	}
-	conn, err := pgx.Connect(ctx, opts.DatabaseURL)
+	conn, err := pgx.Connect(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return m, fmt.Errorf("connect to %s: %w", redact(opts.DatabaseURL), err)
+		return m, fmt.Errorf("connect to %s: %w", redact(cfg.DatabaseURL), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var version, syncCommit, fsync, sharedBuffers string
@@ -246,13 +165,22 @@ func describeMachine(ctx context.Context, opts Options) (Machine, error) {
 	return m, nil
 }
 
-func optionsMap(o Options) map[string]any {
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}
+
+// optionsMap is the JSON's "options": the knobs of the run, by their JSON names.
+func optionsMap(c config) map[string]any {
 	return map[string]any{
-		"n": o.N, "scenarios": o.Scenarios, "workers": o.Workers, "batch": o.BatchSize,
-		"concurrency": o.Concurrency, "relay_batch": o.RelayBatch, "enqueue_batch": o.EnqueueBatch,
-		"producers": o.Producers, "rate": o.Rate, "rate_batch": o.RateBatch, "dup_drop": o.DupDrop,
-		"dup_ack_wait": o.DupAckWait.String(), "sync_always": o.SyncAlways, "inprocess": o.InProcess,
-		"pg_plan_cache_mode": o.PlanCache, "durability_batch": o.DurabilityBatch,
-		"http_clients": o.HTTPClients, "http_rate": o.HTTPRate, "http_rate_n": o.HTTPRateN,
+		"n": c.N, "scenarios": c.Scenarios, "workers": c.Workers, "batch": c.BatchSize,
+		"concurrency": c.Concurrency, "relay_batch": c.RelayBatch, "enqueue_batch": c.EnqueueBatch,
+		"producers": c.Producers, "rate": c.Rate, "rate_batch": c.RateBatch, "dup_drop": c.DupDrop,
+		"dup_ack_wait": c.DupAckWait.String(), "sync_always": c.SyncAlways, "inprocess": c.InProcess,
+		"pg_plan_cache_mode": c.PlanCache, "durability_batch": c.DurabilityBatch,
+		"http_clients": c.HTTPClients, "http_rate": c.HTTPRate, "http_rate_n": c.HTTPRateN,
 	}
 }

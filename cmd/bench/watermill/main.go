@@ -11,12 +11,14 @@
 //
 // It is a module of its own so that Watermill's dependencies stay out of idem's
 // go.mod. cmd/bench runs it (scenario watermill-http) and decodes the JSON array
-// it prints on stdout into its own Result rows; progress goes to stderr.
+// of rows (cmd/bench's report.Result) it prints on stdout; progress goes to
+// stderr. The measurements are cmd/bench's own (package measure), so the rows
+// compare.
 //
 //	go run . -database-url postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable \
 //	    -n 10000 -clients 32 -rate 1000 -rate-n 10000 -timeout 2m
 //
-// Like e2e-http it runs two phases, each on a fresh database (bench_wm_<random>)
+// Like e2e-http it runs two phases, each on a fresh database (the test kit's)
 // and a fresh embedded JetStream server: "watermill-http (max)", -n requests from
 // -clients keep-alive clients as fast as they go, and "watermill-http @<rate>/s",
 // min(-rate-n, -n) requests offered open loop at -rate requests/s. Latency is
@@ -39,6 +41,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/idemkit/idem/cmd/bench/internal/measure"
+	"github.com/idemkit/idem/cmd/bench/internal/report"
 )
 
 const scenario = "watermill-http"
@@ -111,7 +116,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "watermill-http: FAILED:", err)
 		os.Exit(1)
 	}
-	rss, err := peakRSS()
+	rss, err := measure.PeakRSS()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "watermill-http:", err)
 		os.Exit(1)
@@ -125,38 +130,12 @@ func main() {
 	}
 }
 
-// result is one row, with the field names of cmd/bench's Result.
-type result struct {
-	Scenario   string         `json:"scenario"`
-	Row        string         `json:"row"`
-	N          int            `json:"n"`
-	Messages   int            `json:"messages"`
-	Seconds    float64        `json:"seconds"`
-	Rate       float64        `json:"rate_per_s"`
-	P50ms      float64        `json:"p50_ms"`
-	P99ms      float64        `json:"p99_ms"`
-	MaxMs      float64        `json:"max_ms"`
-	ProcCPUSec float64        `json:"proc_cpu_s"`
-	PGCPUSec   float64        `json:"pg_cpu_s"`
-	PeakRSS    int64          `json:"peak_rss_bytes"`
-	Ledger     *ledger        `json:"ledger,omitempty"`
-	Verified   string         `json:"verified"`
-	Config     map[string]any `json:"config"`
-	Notes      []string       `json:"notes"`
-}
-
-// ledger is what ledger_entries holds at the end of a phase (cmd/bench's Ledger).
-type ledger struct {
-	Rows int `json:"rows"`
-	Keys int `json:"distinct_keys"`
-}
-
 // run runs the max phase and the rate phase, each on a fresh environment.
-func run(ctx context.Context, opts options, log *slog.Logger) ([]result, error) {
+func run(ctx context.Context, opts options, log *slog.Logger) ([]report.Result, error) {
 	versions := moduleVersions()
 	fmt.Fprintf(os.Stderr, "watermill-http: watermill %s, watermill-sql %s, watermill-nats %s, nats-server v%s (embedded, default sync)\n",
 		versions["watermill"], versions["watermill_sql"], versions["watermill_nats"], server.VERSION)
-	var results []result
+	var results []report.Result
 	for _, phase := range []struct {
 		row  string
 		rate int
@@ -207,12 +186,12 @@ func moduleVersions() map[string]string {
 }
 
 // runPhase runs one phase on a fresh environment.
-func runPhase(ctx context.Context, opts options, log *slog.Logger, row string, n, rate int) (result, error) {
+func runPhase(ctx context.Context, opts options, log *slog.Logger, row string, n, rate int) (report.Result, error) {
 	// As cmd/bench sizes the e2e-http pool: the clients, plus room for the
 	// forwarder, the router and the meter.
 	e, err := newEnv(ctx, row, opts.databaseURL, int32(opts.clients+8+4), opts.keep)
 	if err != nil {
-		return result{}, err
+		return report.Result{}, err
 	}
 	defer e.close(context.WithoutCancel(ctx))
 	return measurePhase(ctx, e, opts, log, row, n, rate)

@@ -14,14 +14,17 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/cmd/bench/internal/measure"
+	"github.com/idemkit/idem/cmd/bench/internal/report"
 )
 
 // measurePhase starts the Watermill application on e, sends n requests (rate 0:
 // as fast as opts.clients clients go; otherwise request i is due at start +
 // i/rate), waits for every ledger row, and verifies one payment and one ledger
 // row per request. It follows cmd/bench's runHTTPPhase (http.go) step for step.
-func measurePhase(ctx context.Context, e *env, opts options, log *slog.Logger, row string, n, rate int) (result, error) {
-	r := result{Scenario: scenario, Row: row, N: n, Messages: n}
+func measurePhase(ctx context.Context, e *env, opts options, log *slog.Logger, row string, n, rate int) (report.Result, error) {
+	r := report.Result{Scenario: scenario, Row: row, N: n, Messages: n}
 	keys := make([]string, n)
 	index := make(map[string]int, n)
 	for i := range keys {
@@ -178,9 +181,9 @@ func measurePhase(ctx context.Context, e *env, opts options, log *slog.Logger, r
 		return r, err
 	}
 
-	r.Seconds, r.Rate = elapsed.Seconds(), float64(n)/elapsed.Seconds()
-	r.P50ms, r.P99ms, r.MaxMs = ms(percentile(latencies, 50)), ms(percentile(latencies, 99)), ms(latencies[n-1])
-	r.ProcCPUSec, r.PGCPUSec = meas.procCPU.Seconds(), meas.pgCPU.Seconds()
+	r.Seconds, r.Rate = elapsed.Seconds(), measure.Rate(n, elapsed)
+	r.SetLatency(measure.Summarize(latencies))
+	r.ProcCPUSec, r.PGCPUSec = meas.ProcCPU.Seconds(), meas.PGCPU.Seconds()
 	r.Ledger, r.Verified = &l, verified
 	const what = "request sent -> ledger row committed"
 	if rate > 0 {
@@ -189,7 +192,7 @@ func measurePhase(ctx context.Context, e *env, opts options, log *slog.Logger, r
 		r.Notes = append(r.Notes, fmt.Sprintf("%d keep-alive clients, one intent per request; latency under saturation = %s", opts.clients, what))
 	}
 	r.Notes = append(r.Notes,
-		fmt.Sprintf("of which request sent -> response: p50 %.1f ms, p99 %.1f ms", ms(percentile(responses, 50)), ms(percentile(responses, 99))),
+		fmt.Sprintf("of which request sent -> response: p50 %.1f ms, p99 %.1f ms", measure.Ms(measure.Percentile(responses, 50)), measure.Ms(measure.Percentile(responses, 99))),
 		"dedup: Watermill middleware.Deduplicator keyed on the Idempotency-Key metadata (NewMessageHasherFromMetadataField); "+
 			"its repository is the one Watermill ships, NewMapExpiringKeyRepository with the default 1-minute window: in process memory, "+
 			"not shared between instances, lost on restart, and the key is marked seen before the handler runs (a failed handler's redelivery is dropped)",
@@ -209,9 +212,9 @@ func measurePhase(ctx context.Context, e *env, opts options, log *slog.Logger, r
 
 // verify counts payments and ledger rows: exactly n of each with n distinct keys
 // is "ok"; anything else is reported, as a finding, in the returned string.
-func verify(ctx context.Context, e *env, n int) (string, ledger, error) {
+func verify(ctx context.Context, e *env, n int) (string, report.Ledger, error) {
 	var payments, paymentKeys int
-	var l ledger
+	var l report.Ledger
 	if err := e.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT idempotency_key) FROM payments`).Scan(&payments, &paymentKeys); err != nil {
 		return "", l, fmt.Errorf("verify payments: %w", err)
 	}
@@ -251,18 +254,6 @@ func progress(ctx context.Context, row string, total int, done func() int64) {
 		}
 	}
 }
-
-// percentile returns the p-th percentile (0..100) of sorted durations, nearest rank.
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(p/100*float64(len(sorted))+0.5) - 1
-	i = max(0, min(i, len(sorted)-1))
-	return sorted[i]
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func pollDefault(o options) string {
 	if o.pollInterval == 0 {

@@ -1,6 +1,22 @@
-package main
+package scenario
 
-// The publish-batch scenario: what JetStream's atomic batch publish would buy the
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkit/idem/cmd/bench/internal/measure"
+	"github.com/idemkit/idem/cmd/bench/internal/report"
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/jsbatch"
+)
+
+// publishBatch measures what JetStream's atomic batch publish would buy the
 // relay, measured against what the relay does now. Both publish N messages, each
 // with its own Nats-Msg-Id, in batches of -relay-batch, one batch at a time as a
 // relay batch goes (publish, wait for the broker, then the next):
@@ -17,56 +33,68 @@ package main
 // A last check publishes one atomic batch whose messages the stream already
 // holds, and reports what the broker answers: the relay re-publishes after a
 // crash, and relies on the Msg-Id dedupe to fold what is already stored.
+type publishBatch struct{}
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"strconv"
-	"syscall"
-	"time"
+func (publishBatch) Name() string { return "publish-batch" }
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+func (publishBatch) Summary() string {
+	return "the relay's publish (async, a PubAck each) against JetStream's atomic batch publish, at both broker durabilities; no Postgres"
+}
 
-	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/jsbatch"
-)
+// publishVariant is one row of publish-batch.
+type publishVariant struct {
+	row                string
+	syncAlways, atomic bool
+}
 
-const scPublishBatch = "publish-batch"
+func publishVariants() []publishVariant {
+	var out []publishVariant
+	for _, syncAlways := range []bool{false, true} {
+		for _, atomic := range []bool{false, true} {
+			row := "publish, async + PubAck each"
+			if atomic {
+				row = "publish, atomic batch, one PubAck"
+			}
+			if syncAlways {
+				row += ", fsync always"
+			} else {
+				row += ", default sync"
+			}
+			out = append(out, publishVariant{row, syncAlways, atomic})
+		}
+	}
+	return out
+}
+
+func (s publishBatch) Rows(Options) []string {
+	var out []string
+	for _, v := range publishVariants() {
+		out = append(out, v.row)
+	}
+	return out
+}
 
 const (
 	publishStream  = "PUBBENCH"
 	publishSubject = "pubbench.charges"
 )
 
-func runPublishBatch(ctx context.Context, opts Options) ([]Result, error) {
-	var out []Result
-	for _, syncAlways := range []bool{false, true} {
-		for _, atomic := range []bool{false, true} {
-			res, err := publishVariant(ctx, opts, syncAlways, atomic)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", scPublishBatch, err)
-			}
-			fmt.Fprintf(os.Stderr, "[%s] %s: %.0f msgs/s\n", scPublishBatch, res.Row, res.Rate)
-			out = append(out, res)
+func (s publishBatch) Run(ctx context.Context, h *Harness) ([]report.Result, error) {
+	var out []report.Result
+	for _, v := range publishVariants() {
+		res, err := s.variant(ctx, h.Opts, v)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name(), err)
 		}
+		fmt.Fprintf(os.Stderr, "[%s] %s: %.0f msgs/s\n", s.Name(), res.Row, res.Rate)
+		out = append(out, res)
 	}
 	return out, nil
 }
 
-func publishVariant(ctx context.Context, opts Options, syncAlways, atomic bool) (Result, error) {
-	n, batch := opts.N, max(opts.RelayBatch, 1)
-	row := "publish, async + PubAck each"
-	if atomic {
-		row = "publish, atomic batch, one PubAck"
-	}
-	if syncAlways {
-		row += ", fsync always"
-	} else {
-		row += ", default sync"
-	}
-	res := Result{Scenario: scPublishBatch, Row: row, N: n, Messages: n,
+func (s publishBatch) variant(ctx context.Context, opts Options, v publishVariant) (report.Result, error) {
+	n, batch, syncAlways, atomic := opts.N, max(opts.RelayBatch, 1), v.syncAlways, v.atomic
+	res := report.Result{Scenario: s.Name(), Row: v.row, N: n, Messages: n,
 		Config: map[string]any{"batch": batch, "sync_always": syncAlways, "atomic": atomic}}
 
 	dir, err := os.MkdirTemp("", "idem-bench-publish-")
@@ -105,8 +133,10 @@ func publishVariant(ctx context.Context, opts Options, syncAlways, atomic bool) 
 		msgs[i] = m
 	}
 
-	var before syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &before)
+	before, err := measure.SelfCPU()
+	if err != nil {
+		return res, err
+	}
 	start := time.Now()
 	for lo := 0; lo < n; lo += batch {
 		part := msgs[lo:min(lo+batch, n)]
@@ -120,10 +150,11 @@ func publishVariant(ctx context.Context, opts Options, syncAlways, atomic bool) 
 		}
 	}
 	elapsed := time.Since(start)
-	var after syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &after)
-	res.setMeasurement(Measurement{Elapsed: elapsed,
-		ProcCPU: tv(after.Utime) + tv(after.Stime) - tv(before.Utime) - tv(before.Stime)}, n)
+	after, err := measure.SelfCPU()
+	if err != nil {
+		return res, err
+	}
+	res.SetMeasurement(measure.Measurement{Elapsed: elapsed, ProcCPU: after - before}, n)
 
 	info, err := stream.Info(ctx)
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package benchenv
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/cmd/bench/internal/measure"
 )
 
 // sqlTracer adds up, per SQL statement, how many times it ran and how long the
@@ -78,7 +80,7 @@ func (t *sqlTracer) Print(w io.Writer, label string, wall time.Duration) {
 	fmt.Fprintf(w, "[%s] SQL time by statement (client-side wait; wall %s):\n", label, wall.Round(time.Millisecond))
 	for _, n := range names {
 		st := t.stats[n]
-		fmt.Fprintf(w, "[%s]   %8d calls %9.1f ms total %8.3f ms avg  %s\n", label, st.Calls, ms(st.Total), ms(st.Total)/float64(st.Calls), n)
+		fmt.Fprintf(w, "[%s]   %8d calls %9.1f ms total %8.3f ms avg  %s\n", label, st.Calls, measure.Ms(st.Total), measure.Ms(st.Total)/float64(st.Calls), n)
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"context"
@@ -13,14 +13,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
+	"github.com/idemkit/idem/cmd/bench/internal/report"
 	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // prefillWindow is how many publishes prefill leaves unacknowledged at most.
 const prefillWindow = 1000
 
-// Intent is one charge the benchmark submits.
-type Intent struct {
+// intent is one charge the benchmark submits.
+type intent struct {
 	Key     string
 	Account string
 	Amount  int64
@@ -30,8 +32,8 @@ type Intent struct {
 // makeIntents mints n intents with fresh keys and JSON charge payloads, the body of
 // POST /v1/payments: small ones, or about payloadBytes each (the account name is
 // padded: the charge stays valid) to measure memory with large messages.
-func makeIntents(n, payloadBytes int) []Intent {
-	out := make([]Intent, n)
+func makeIntents(n, payloadBytes int) []intent {
+	out := make([]intent, n)
 	pad := ""
 	if overhead := len(`{"account":"acct_000_","amount_cents":1000}`); payloadBytes > overhead {
 		pad = "_" + strings.Repeat("p", payloadBytes-overhead)
@@ -39,7 +41,7 @@ func makeIntents(n, payloadBytes int) []Intent {
 	for i := range out {
 		acct := "acct_" + strconv.Itoa(i%1000) + pad
 		amount := int64(100 + i%9000)
-		out[i] = Intent{
+		out[i] = intent{
 			Key:     idem.NewKey().String(),
 			Account: acct,
 			Amount:  amount,
@@ -52,14 +54,14 @@ func makeIntents(n, payloadBytes int) []Intent {
 // message is the outbox message of the intent, with no extra headers: the relay
 // adds Idempotency-Key and Nats-Msg-Id. The key carries no scope, so it is its own
 // scoped key, as the ingress would stamp it for a request without Idempotency-Scope.
-func (in Intent) message() idem.Message {
+func (in intent) message() idem.Message {
 	return idem.Message{Key: in.Key, Subject: refapp.SubjectCharge, Payload: in.Payload}
 }
 
 // indexByKey maps each intent's key to its index, so the benchmark can match a
 // committed delivery with the time its intent was enqueued without adding anything
 // to the message. It is only read once built, so goroutines may share it.
-func indexByKey(intents []Intent) map[string]int {
+func indexByKey(intents []intent) map[string]int {
 	m := make(map[string]int, len(intents))
 	for i, in := range intents {
 		m[in.Key] = i
@@ -71,7 +73,7 @@ func indexByKey(intents []Intent) map[string]int {
 // would (Idempotency-Key and Nats-Msg-Id headers), and waits for every PubAck. It
 // publishes in windows of prefillWindow so a busy machine never stalls the client's
 // async publish buffer. It is not timed.
-func prefill(ctx context.Context, env *Env, scenario string, intents []Intent) error {
+func prefill(ctx context.Context, env *benchenv.Env, scenario string, intents []intent) error {
 	start := time.Now()
 	for lo := 0; lo < len(intents); lo += prefillWindow {
 		for i := lo; i < min(lo+prefillWindow, len(intents)); i++ {
@@ -103,14 +105,9 @@ func prefill(ctx context.Context, env *Env, scenario string, intents []Intent) e
 	return nil
 }
 
-// Ledger is what ledger_entries holds at the end of a scenario.
-type Ledger struct {
-	Rows int `json:"rows"`
-	Keys int `json:"distinct_keys"`
-}
-
-func readLedger(ctx context.Context, env *Env) (Ledger, error) {
-	var l Ledger
+// readLedger reads what ledger_entries holds.
+func readLedger(ctx context.Context, env *benchenv.Env) (report.Ledger, error) {
+	var l report.Ledger
 	err := env.Pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT idempotency_key) FROM ledger_entries`).Scan(&l.Rows, &l.Keys)
 	if err != nil {
 		return l, fmt.Errorf("read ledger: %w", err)
@@ -119,7 +116,7 @@ func readLedger(ctx context.Context, env *Env) (Ledger, error) {
 }
 
 // verifyExactlyOnce fails unless the ledger holds exactly one row per intent.
-func verifyExactlyOnce(ctx context.Context, env *Env, n int) (Ledger, error) {
+func verifyExactlyOnce(ctx context.Context, env *benchenv.Env, n int) (report.Ledger, error) {
 	l, err := readLedger(ctx, env)
 	if err != nil {
 		return l, err
@@ -180,7 +177,7 @@ func (c *counter) wait(ctx context.Context, timeout time.Duration, what string) 
 
 // waitDrained waits until the durable consumer has nothing pending or unacked: every
 // ack the scenario sent has reached the broker.
-func waitDrained(ctx context.Context, env *Env, durable string, timeout time.Duration) (*jetstream.ConsumerInfo, error) {
+func waitDrained(ctx context.Context, env *benchenv.Env, durable string, timeout time.Duration) (*jetstream.ConsumerInfo, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		c, err := env.JS.Consumer(ctx, refapp.StreamName, durable)
