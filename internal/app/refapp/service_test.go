@@ -125,7 +125,7 @@ func postJSON(t *testing.T, url, key, body string, header map[string]string) *ht
 	return resp
 }
 
-// The README's check, automated: the first response is dropped, the client retries
+// docs/OPERATIONS.md's "See it hold" check, automated: the first response is dropped, the client retries
 // with the same key, the server replays, and exactly one ledger row lands.
 func TestDroppedResponseLandsOneLedgerRow(t *testing.T) {
 	s := setup(t)
