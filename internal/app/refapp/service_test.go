@@ -125,8 +125,9 @@ func postJSON(t *testing.T, url, key, body string, header map[string]string) *ht
 	return resp
 }
 
-// docs/OPERATIONS.md's "See it hold" check, automated: the first response is dropped, the client retries
-// with the same key, the server replays, and exactly one ledger row lands.
+// docs/OPERATIONS.md's "See it hold" check, automated: the first response is
+// dropped, the client retries with the same key, the server replays, and exactly
+// one ledger row lands.
 func TestDroppedResponseLandsOneLedgerRow(t *testing.T) {
 	s := setup(t)
 	s.start(t, s.config())
