@@ -192,9 +192,9 @@ func TestObserversChain(t *testing.T) {
 	}
 	var got []string
 	o := idem.Observers(
-		func(e idem.Event) { got = append(got, "a:"+e.Outcome) },
+		func(e idem.Event) { got = append(got, "a:"+string(e.Outcome)) },
 		nil,
-		func(e idem.Event) { got = append(got, "b:"+e.Outcome) },
+		func(e idem.Event) { got = append(got, "b:"+string(e.Outcome)) },
 	)
 	o.Observe(idem.Event{Outcome: "x"})
 	idem.Observer(nil).Observe(idem.Event{}) // a nil observer is inert

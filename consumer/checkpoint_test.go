@@ -31,18 +31,18 @@ func chargePayload(account string, cents int64) []byte {
 }
 
 // chargesConfig is an External running h with short leases and quick retries.
-func chargesConfig(h consumer.ExternalHandler, out *testenv.Outcomes) consumer.Config {
+func chargesConfig(h consumer.ExternalHandler) consumer.Config {
 	return consumer.Config{
-		Name: chargesName, Stream: testenv.Stream, Subject: testenv.Subject, External: h,
+		Name: chargesName, Subject: testenv.Subject, External: h,
 		LeaseFor: 800 * time.Millisecond, AckWait: 300 * time.Millisecond,
-		Backoff:  func(int) time.Duration { return 50 * time.Millisecond },
-		Observer: out.Observe,
+		Backoff: func(int) time.Duration { return 50 * time.Millisecond },
 	}
 }
 
-func runCharges(t *testing.T, ctx context.Context, env *testenv.Env, cfg consumer.Config) (stop func()) {
+// runCharges runs cfg on env's installation, its outcomes counted by out.
+func runCharges(t *testing.T, ctx context.Context, env *testenv.Env, out *testenv.Outcomes, cfg consumer.Config) (stop func()) {
 	t.Helper()
-	c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+	c, err := consumer.New(env.Observed(t, out.Observe), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestProviderChargeResumesAfterWorkerDies(t *testing.T) {
 			})
 			key := "k-provider"
 			env.Publish(t, testenv.Subject, key, key, chargePayload("acct_1", 1250))
-			stop := runCharges(t, faults.With(context.Background(), fs), env, chargesConfig(first, out))
+			stop := runCharges(t, faults.With(context.Background(), fs), env, out, chargesConfig(first))
 			testenv.Eventually(t, 45*time.Second, "the first worker to die", died.Load)
 			stop()
 			var status, step string
@@ -222,7 +222,7 @@ func TestProviderChargeResumesAfterWorkerDies(t *testing.T) {
 				}
 			}
 
-			runCharges(t, context.Background(), env, chargesConfig(h, out)) // the next worker
+			runCharges(t, context.Background(), env, out, chargesConfig(h)) // the next worker
 			testenv.Eventually(t, 45*time.Second, "the takeover to complete the charge", func() bool {
 				return out.Get(idem.OutcomeProcessed) == 1
 			})
@@ -269,7 +269,7 @@ func TestProviderChargeBadPayloadIsDeadLettered(t *testing.T) {
 	env.Publish(t, testenv.Subject, "k-bad", "k-bad", []byte(`{"account":"a","amount_cents":-1}`))
 	env.Publish(t, testenv.Subject, "k-unknown", "k-unknown", []byte(`{"account":"a","amount_cents":1,"currency":"EUR"}`))
 	env.Publish(t, testenv.Subject, "k-ok", "k-ok", chargePayload("a", 1))
-	runCharges(t, context.Background(), env, chargesConfig(h, out))
+	runCharges(t, context.Background(), env, out, chargesConfig(h))
 	drained := env.Drained(t, chargesName)
 	testenv.Eventually(t, 45*time.Second, "1 processed and every message settled", func() bool {
 		return out.Get(idem.OutcomeProcessed) == 1 && drained()
@@ -294,7 +294,7 @@ func TestProviderChargeRefusalIsDeadLettered(t *testing.T) {
 	t.Cleanup(srv.Close)
 	h := &chargeHandler{baseURL: srv.URL + "/v0", client: srv.Client()}
 	env.Publish(t, testenv.Subject, "k-refused", "k-refused", chargePayload("a", 1))
-	runCharges(t, context.Background(), env, chargesConfig(h, out))
+	runCharges(t, context.Background(), env, out, chargesConfig(h))
 	testenv.Eventually(t, 45*time.Second, "the refusal dead-lettered", func() bool {
 		return out.Get(idem.OutcomeDeadLettered) == 1
 	})
@@ -321,7 +321,7 @@ func TestProviderChargeRetriesProviderFailure(t *testing.T) {
 	t.Cleanup(srv.Close)
 	h := &chargeHandler{baseURL: srv.URL, client: srv.Client()}
 	env.Publish(t, testenv.Subject, "k-retry", "k-retry", chargePayload("a", 7))
-	runCharges(t, context.Background(), env, chargesConfig(h, out))
+	runCharges(t, context.Background(), env, out, chargesConfig(h))
 	testenv.Eventually(t, 45*time.Second, "the charge completed", func() bool {
 		return out.Get(idem.OutcomeProcessed) == 1
 	})

@@ -9,36 +9,50 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
-
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
-// bundle is what each test sets up: the test topology and an outcome counter.
+// bundle is what each test sets up: the test topology and an outcome counter,
+// which observes the bundle's installation.
 type bundle struct {
-	env *testenv.Env
-	out *testenv.Outcomes
+	env  *testenv.Env
+	out  *testenv.Outcomes
+	inst *install.Installation // env's, observed by out
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	t.Parallel()
-	return &bundle{env: testenv.New(t), out: &testenv.Outcomes{}}
+	env, out := testenv.New(t), &testenv.Outcomes{}
+	return &bundle{env: env, out: out, inst: env.Observed(t, out.Observe)}
+}
+
+// through is the bundle's installation reached through pool and nc: another path
+// to the same database and server, which a test can cut.
+func (b *bundle) through(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn) *install.Installation {
+	t.Helper()
+	inst, err := install.New(pool, nc, install.Config{Stream: b.inst.Stream(), Observer: b.out.Observe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst
 }
 
 // effectName is the in-transaction consumer of most tests.
 const effectName = "effects"
 
-// config is an in-transaction consumer running testenv.Effect, its outcomes counted.
+// config is an in-transaction consumer running testenv.Effect.
 func (b *bundle) config() consumer.Config {
-	cfg := testenv.ConsumerConfig(effectName)
-	cfg.Observer = b.out.Observe
-	return cfg
+	return testenv.ConsumerConfig(effectName)
 }
 
 // start runs a consumer until the returned stop is called (or the test ends).
@@ -50,7 +64,7 @@ func (b *bundle) start(t *testing.T, cfg consumer.Config) (stop func()) {
 // startCtx is start with Run's context derived from ctx, which may carry faults.
 func (b *bundle) startCtx(t *testing.T, ctx context.Context, cfg consumer.Config) (stop func()) {
 	t.Helper()
-	c, err := consumer.New(b.env.DB.Pool, b.env.JS, cfg)
+	c, err := consumer.New(b.inst, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +80,7 @@ func TestConfigValidate(t *testing.T) {
 	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Delivery) ([]byte, error) { return nil, nil })
 	ext := consumer.ExternalHandlerFunc(func(context.Context, *consumer.Effect) ([]byte, error) { return nil, nil })
 	base := func(mut func(*consumer.Config)) consumer.Config {
-		c := consumer.Config{Name: "n", Stream: testenv.Stream, Subject: "test.x", BatchHandler: bh}
+		c := consumer.Config{Name: "n", Subject: "test.x", BatchHandler: bh}
 		mut(&c)
 		return c
 	}
@@ -80,9 +94,7 @@ func TestConfigValidate(t *testing.T) {
 		{"external", base(func(c *consumer.Config) { c.BatchHandler, c.External = nil, ext }), ""},
 		{"wildcard filter", base(func(c *consumer.Config) { c.Subject = "test.*.created" }), ""},
 		{"tail wildcard filter", base(func(c *consumer.Config) { c.Subject = "test.>" }), ""},
-		{"other schema", base(func(c *consumer.Config) { c.Schema = "idem_app" }), ""},
 		{"no name", base(func(c *consumer.Config) { c.Name = "" }), "Name is required"},
-		{"no stream", base(func(c *consumer.Config) { c.Stream = "" }), "Stream is required"},
 		{"no subject", base(func(c *consumer.Config) { c.Subject = "" }), "Subject is required"},
 		{"no handler", base(func(c *consumer.Config) { c.BatchHandler = nil }), "exactly one of Handler, BatchHandler and External"},
 		{"handler and batch handler", base(func(c *consumer.Config) { c.Handler = h }), "exactly one"},
@@ -91,7 +103,6 @@ func TestConfigValidate(t *testing.T) {
 		{"empty filter token", base(func(c *consumer.Config) { c.Subject = "test..x" }), "bad subject"},
 		{"> not last", base(func(c *consumer.Config) { c.Subject = "test.>.x" }), "bad subject"},
 		{"space in filter", base(func(c *consumer.Config) { c.Subject = "test x" }), "bad subject"},
-		{"bad schema", base(func(c *consumer.Config) { c.Schema = "Idem-App" }), "schema"},
 		{"negative batch", base(func(c *consumer.Config) { c.BatchSize = -1 }), "must not be negative"},
 		{"negative concurrency", base(func(c *consumer.Config) { c.Concurrency = -1 }), "must not be negative"},
 		{"negative lease", base(func(c *consumer.Config) { c.BatchHandler, c.External, c.LeaseFor = nil, ext, -time.Second }), "must not be negative"},
@@ -99,7 +110,7 @@ func TestConfigValidate(t *testing.T) {
 		{"external batch", base(func(c *consumer.Config) { c.BatchHandler, c.External, c.BatchSize = nil, ext, 10 }), "one effect at a time"},
 	}
 	for _, tc := range cases {
-		_, err := consumer.New(env.DB.Pool, env.JS, tc.cfg)
+		_, err := consumer.New(env.Inst, tc.cfg)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: rejected: %v", tc.name, err)
@@ -109,22 +120,54 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := consumer.New(nil, env.JS, cases[0].cfg); err == nil {
-		t.Error("nil pool accepted")
+	// The pool, the schema and the stream are the installation's, which refuses
+	// what no consumer could use; a consumer refuses an installation without a
+	// NATS connection.
+	stream := env.Inst.Stream()
+	for name, tc := range map[string]struct {
+		pool *pgxpool.Pool
+		cfg  install.Config
+		want string
+	}{
+		"other schema": {env.DB.Pool, install.Config{Schema: "idem_app", Stream: stream}, ""},
+		"nil pool":     {nil, install.Config{Stream: stream}, "pool is required"},
+		"bad schema":   {env.DB.Pool, install.Config{Schema: "Idem-App", Stream: stream}, "schema"},
+		"no stream":    {env.DB.Pool, install.Config{Stream: install.Stream{Subjects: stream.Subjects}}, "Stream.Name is required"},
+	} {
+		_, err := install.New(tc.pool, env.NC, tc.cfg)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("installation %s: rejected: %v", name, err)
+		case tc.want != "" && err == nil:
+			t.Errorf("installation %s: accepted, want an error about %q", name, tc.want)
+		case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+			t.Errorf("installation %s: err = %v, want it to mention %q", name, err, tc.want)
+		}
 	}
-	if _, err := consumer.New(env.DB.Pool, nil, cases[0].cfg); err == nil {
-		t.Error("nil JetStream accepted")
+	tablesOnly, err := install.New(env.DB.Pool, nil, install.Config{Stream: stream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := consumer.New(tablesOnly, cases[0].cfg); err == nil || !strings.Contains(err.Error(), "no NATS connection") {
+		t.Errorf("an installation without JetStream: err = %v, want a refusal", err)
 	}
 
 	// Defaults: an External performs one effect at a time.
-	x := consumer.Config{Name: "n", Stream: testenv.Stream, Subject: "test.x", External: ext}.WithDefaults()
+	x := consumer.Config{Name: "n", Subject: "test.x", External: ext}.WithDefaults()
 	if x.LeaseFor != consumer.DefaultLeaseFor || x.AckWait != consumer.DefaultAckWait || x.MaxDeliver != consumer.DefaultMaxDeliver ||
 		x.Concurrency != consumer.DefaultExternalConcurrency || x.BatchSize != 1 || x.KeyLifetime <= 0 || x.Backoff == nil {
 		t.Errorf("external defaults not filled in: %+v", x)
 	}
 	in := cases[0].cfg.WithDefaults()
-	if in.BatchSize != consumer.DefaultBatchSize || in.Concurrency != consumer.DefaultConcurrency || in.MaxAckPending < 1000 {
+	if in.BatchSize != consumer.DefaultBatchSize || in.Concurrency != consumer.DefaultConcurrency {
 		t.Errorf("in-transaction defaults not filled in: %+v", in)
+	}
+	c, err := consumer.New(env.Inst, cases[0].cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := c.JetStreamConfig().MaxAckPending; n < 1000 {
+		t.Errorf("in-transaction MaxAckPending = %d, want at least 1000", n)
 	}
 }
 
@@ -199,7 +242,7 @@ func TestSameKeyInOneBatchLandsOnce(t *testing.T) {
 	b.env.Publish(t, testenv.Subject, "k-other", "other", payload(2))
 	cfg := b.config()
 	cfg.BatchSize = 10
-	cfg.Linger = 500 * time.Millisecond // gather all four in one batch
+	consumer.SetLinger(&cfg, 500*time.Millisecond) // gather all four in one batch
 	b.start(t, cfg)
 	drained := b.env.Drained(t, effectName)
 	testenv.Eventually(t, 45*time.Second, "every copy settled", func() bool {
@@ -365,10 +408,8 @@ func TestConsumerInOtherSchema(t *testing.T) {
 	}
 	env.Publish(t, testenv.Subject, "", "no-key", payload(2)) // poison: no key
 	cfg := testenv.ConsumerConfig(effectName)
-	cfg.Schema = schema
 	cfg.BatchSize = 1
-	cfg.Observer = out.Observe
-	c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+	c, err := consumer.New(env.Observed(t, out.Observe), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,10 +430,7 @@ func TestConsumerInOtherSchema(t *testing.T) {
 	if n := env.DB.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'idem_%'`); n != 0 {
 		t.Errorf("public holds %d idem tables, want none", n)
 	}
-	dls, err := consumer.NewDeadLetters(env.DB.Pool, schema)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 	if list, err := dls.List(context.Background(), 10); err != nil || len(list) != 1 {
 		t.Errorf("DeadLetters(%s).List = %d, %v; want the one dead letter", schema, len(list), err)
 	}

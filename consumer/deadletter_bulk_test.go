@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -74,10 +75,7 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dls, err := consumer.NewDeadLetters(db.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 	now := time.Now()
 	for _, tc := range []struct {
 		name string
@@ -197,19 +195,16 @@ func TestBulkReplayGivesEachDeadLetterItsOwnMsgID(t *testing.T) {
 	hour := ptr("1 hour")
 	fileDeadLetter(t, env.DB, "billing", "k-same", "permanent handler error", "1 minute", hour)
 	fileDeadLetter(t, env.DB, "audit", "k-same", "permanent handler error", "1 minute", hour)
-	dls, err := consumer.NewDeadLetters(env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 	rep, err := dls.Replay(ctx, consumer.Filter{}, consumer.ReplayOptions{})
 	if err != nil || rep.Count(consumer.ActionReplayed) != 2 {
 		t.Fatalf("Replay = %+v, %v; want both replayed", rep, err)
 	}
-	relay, err := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{Stream: testenv.Stream})
+	rl, err := relay.New(env.Inst, relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := relay.Drain(ctx); err != nil || n != 2 {
+	if n, err := rl.Drain(ctx); err != nil || n != 2 {
 		t.Fatalf("relay Drain = %d, %v; want 2", n, err)
 	}
 	if n := env.StreamMsgs(t, testenv.Stream); n != 2 {
@@ -233,10 +228,7 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 	}
 	exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
 	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '1 hour' FROM generate_series(1, 40) g`)
-	dls, err := consumer.NewDeadLetters(db.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 
 	// Another operator's replay holds the first five.
 	other, err := db.Pool.Begin(ctx)
@@ -308,10 +300,7 @@ func TestReplayOfARelayDeadLetterIsForEveryConsumer(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	id := fileDeadLetter(t, env.DB, outbox.RelayConsumer, "k-relay", "relay: maximum payload exceeded", "1 minute", nil)
-	dls, err := consumer.NewDeadLetters(env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 	if res, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{}); err != nil || res.Action != consumer.ActionReplayed {
 		t.Fatalf("ReplayID = %+v, %v; want replayed", res, err)
 	}

@@ -7,9 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // A dead letter is one message: its consumer, stream sequence, key and payload. A
@@ -30,7 +28,7 @@ func TestDeadLetterIdentitySurvivesARecreatedStream(t *testing.T) {
 			if err := b.env.JS.DeleteStream(ctx, testenv.Stream); err != nil {
 				t.Fatalf("%s: delete stream: %v", what, err)
 			}
-			if _, err := outbox.EnsureStream(ctx, b.env.JS, outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}); err != nil {
+			if _, err := b.env.Inst.EnsureStream(ctx); err != nil {
 				t.Fatalf("%s: recreate stream: %v", what, err)
 			}
 		}

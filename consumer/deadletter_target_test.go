@@ -11,8 +11,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // effectAs is testenv.Effect recording its rows under name/key, so the effects of
@@ -42,7 +42,6 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 
 	billingOut, auditOut := &testenv.Outcomes{}, &testenv.Outcomes{}
 	billing := testenv.ConsumerConfig("billing")
-	billing.Observer = billingOut.Observe
 	billing.BatchHandler = nil
 	billing.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
 		if broken.Load() {
@@ -54,20 +53,22 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 		return nil, nil
 	})
 	audit := testenv.ConsumerConfig("audit")
-	audit.Observer = auditOut.Observe
 	audit.BatchHandler = effectAs("audit")
-	for _, cfg := range []consumer.Config{billing, audit} {
-		c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+	for _, run := range []struct {
+		cfg consumer.Config
+		out *testenv.Outcomes
+	}{{billing, billingOut}, {audit, auditOut}} {
+		c, err := consumer.New(env.Observed(t, run.out.Observe), run.cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		testenv.Go(t, "consumer "+cfg.Name, c.Run)
+		testenv.Go(t, "consumer "+run.cfg.Name, c.Run)
 	}
-	relay, err := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{Stream: testenv.Stream})
+	rl, err := relay.New(env.Inst, relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	testenv.Go(t, "relay", relay.Run)
+	testenv.Go(t, "relay", rl.Run)
 
 	env.Publish(t, testenv.Subject, "k-shared", "k-shared", payload(7))
 	billingDrained, auditDrained := env.Drained(t, "billing"), env.Drained(t, "audit")
@@ -83,10 +84,7 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dls, err := consumer.NewDeadLetters(env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(env.Inst)
 	list, err := dls.List(ctx, 10)
 	if err != nil || len(list) != 1 || list[0].Consumer != "billing" {
 		t.Fatalf("List = %+v, %v; want billing's one dead letter", list, err)
@@ -150,10 +148,7 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 		t.Fatalf("k-first: %d dead letters whose horizon is the inbox row's expiry, want 1", n)
 	}
 
-	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(b.inst)
 	var id int64
 	if err := b.env.DB.Pool.QueryRow(ctx, `SELECT id FROM idem_dead_letters WHERE key = 'k-poison'`).Scan(&id); err != nil {
 		t.Fatal(err)

@@ -20,8 +20,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // charge is the payload of a charge message.
@@ -342,7 +342,21 @@ func ExampleEffect_Checkpoint() {
 		log.Fatal(err)
 	}
 	defer env.Close()
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}}); err != nil {
+	// The installation, its observer waiting for the charge to complete.
+	charged := make(chan struct{})
+	var once sync.Once
+	inst, err := install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{Name: "PAYMENTS", Subjects: []string{"payments.>"}},
+		Observer: func(e idem.Event) {
+			if e.Component == idem.ComponentConsumer && e.Outcome == idem.OutcomeProcessed {
+				once.Do(func() { close(charged) })
+			}
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := inst.EnsureStream(ctx); err != nil {
 		log.Fatal(err)
 	}
 
@@ -360,19 +374,11 @@ func ExampleEffect_Checkpoint() {
 	}))
 	defer srv.Close()
 
-	charged := make(chan struct{})
-	var once sync.Once
-	c, err := consumer.New(env.Pool, env.JS, consumer.Config{
+	c, err := consumer.New(inst, consumer.Config{
 		Name:     "provider-charges",
-		Stream:   "PAYMENTS",
 		Subject:  "payments.charge",
 		External: &chargeHandler{baseURL: srv.URL, client: srv.Client()},
 		Backoff:  func(int) time.Duration { return 100 * time.Millisecond }, // retry soon, for the example
-		Observer: func(e idem.Event) {
-			if e.Outcome == idem.OutcomeProcessed {
-				once.Do(func() { close(charged) })
-			}
-		},
 	})
 	if err != nil {
 		log.Fatal(err)

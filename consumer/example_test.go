@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // A Handler runs its effect inside the Postgres transaction that claims the
@@ -35,7 +35,31 @@ func ExampleHandler() {
 		log.Fatal(err)
 	}
 	defer env.Close()
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.>"}}); err != nil {
+
+	// The installation: idem's tables in env's database, the PAYMENTS stream, and
+	// an observer told what every component does, here counting settled copies.
+	var mu sync.Mutex
+	settled := map[idem.Outcome]int{}
+	var once sync.Once
+	bothSettled := make(chan struct{})
+	inst, err := install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{Name: "PAYMENTS", Subjects: []string{"payments.>"}},
+		Observer: func(e idem.Event) {
+			if e.Component != idem.ComponentConsumer {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			settled[e.Outcome] += e.Count
+			if settled[idem.OutcomeProcessed]+settled[idem.OutcomeDuplicate] >= 2 {
+				once.Do(func() { close(bothSettled) })
+			}
+		},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := inst.EnsureStream(ctx); err != nil {
 		log.Fatal(err)
 	}
 
@@ -54,23 +78,10 @@ func ExampleHandler() {
 		return []byte(`{"booked":true}`), err // stored as the key's first result
 	})
 
-	var mu sync.Mutex
-	settled := map[string]int{}
-	var once sync.Once
-	bothSettled := make(chan struct{})
-	c, err := consumer.New(env.Pool, env.JS, consumer.Config{
+	c, err := consumer.New(inst, consumer.Config{
 		Name:    "ledger",
-		Stream:  "PAYMENTS",
 		Subject: "payments.charge",
 		Handler: book,
-		Observer: func(e idem.Event) {
-			mu.Lock()
-			defer mu.Unlock()
-			settled[e.Outcome] += e.Count
-			if settled[idem.OutcomeProcessed]+settled[idem.OutcomeDuplicate] >= 2 {
-				once.Do(func() { close(bothSettled) })
-			}
-		},
 	})
 	if err != nil {
 		log.Fatal(err)

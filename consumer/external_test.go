@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
@@ -31,14 +32,18 @@ const extName = "external"
 func (b *bundle) extConfig(h consumer.ExternalHandler) consumer.Config {
 	return consumer.Config{
 		Name:     extName,
-		Stream:   testenv.Stream,
 		Subject:  testenv.Subject,
 		External: h,
 		LeaseFor: 500 * time.Millisecond,
 		AckWait:  500 * time.Millisecond,
 		Backoff:  func(int) time.Duration { return 50 * time.Millisecond },
-		Observer: b.out.Observe,
 	}
+}
+
+// traced makes the bundle's installation trace with tp.
+func (b *bundle) traced(t *testing.T, tp trace.TracerProvider) {
+	t.Helper()
+	b.inst = b.env.Install(t, func(c *install.Config) { c.Observer, c.TracerProvider = b.out.Observe, tp })
 }
 
 // dieAfterPerform is a context whose consumer "dies" after an effect succeeded and
@@ -379,7 +384,7 @@ func TestExternalContinuesProducerTrace(t *testing.T) {
 		return nil, nil
 	})
 	cfg := b.extConfig(h)
-	cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	b.traced(t, sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
 	msg := nats.NewMsg(testenv.Subject)
 	msg.Header.Set(idem.HeaderKey, "k-traced")
 	msg.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
@@ -421,7 +426,7 @@ func TestFailedEffectFailsItsSpan(t *testing.T) {
 		return nil, consumer.Permanent(errors.New("the provider refused the card"))
 	})
 	cfg := b.extConfig(h)
-	cfg.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	b.traced(t, sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))
 	msg := nats.NewMsg(testenv.Subject)
 	msg.Header.Set(idem.HeaderKey, "k-refused")
 	msg.Data = []byte("x")

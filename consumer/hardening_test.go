@@ -11,13 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
-
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/tcpproxy"
@@ -64,7 +62,7 @@ func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
 	pool, proxy := proxiedPool(t, b.env)
 	cfg := b.config()
 	cfg.MaxDeliver, cfg.AckWait = 3, time.Second
-	c, err := consumer.New(pool, b.env.JS, cfg)
+	c, err := consumer.New(b.through(t, pool, b.env.NC), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,15 +97,14 @@ func TestDatabaseOutageDelaysAnExternalEffect(t *testing.T) {
 	pool, proxy := proxiedPool(t, b.env)
 	var performed atomic.Int32
 	cfg := consumer.Config{
-		Name: "mail", Stream: testenv.Stream, Subject: testenv.Subject, MaxDeliver: 2,
+		Name: "mail", Subject: testenv.Subject, MaxDeliver: 2,
 		AckWait: time.Second, LeaseFor: time.Second, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
 		External: consumer.ExternalHandlerFunc(func(context.Context, *consumer.Effect) ([]byte, error) {
 			performed.Add(1)
 			return nil, nil
 		}),
-		Observer: b.out.Observe,
 	}
-	c, err := consumer.New(pool, b.env.JS, cfg)
+	c, err := consumer.New(b.through(t, pool, b.env.NC), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +135,7 @@ func TestPanickingHandlerFailsAlone(t *testing.T) {
 	var calls atomic.Int32
 	cfg := b.config()
 	cfg.MaxDeliver = 2
-	cfg.Linger = 200 * time.Millisecond // one batch for all six
+	consumer.SetLinger(&cfg, 200*time.Millisecond) // one batch for all six
 	cfg.BatchHandler = batchFunc(func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([][]byte, error) {
 		calls.Add(1)
 		for _, d := range ds {
@@ -185,7 +182,7 @@ func TestCrashLoopChargesOnlyTheCrasher(t *testing.T) {
 	b := setup(t)
 	cfg := b.config()
 	cfg.MaxDeliver, cfg.AckWait = 3, 500*time.Millisecond
-	cfg.Linger = 200 * time.Millisecond
+	consumer.SetLinger(&cfg, 200*time.Millisecond)
 	var crashes atomic.Int32
 	ctx := faults.With(context.Background(), faults.New().Func(faults.EffectBeforeCommit, func(_ context.Context, keys []string) error {
 		for _, k := range keys {
@@ -237,10 +234,6 @@ func TestLeaseHolderStopsBeforeItsLeaseEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	stalledJS, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	var mu sync.Mutex
 	type span struct {
@@ -267,11 +260,11 @@ func TestLeaseHolderStopsBeforeItsLeaseEnds(t *testing.T) {
 		})
 	}
 	cfg := func(worker string) consumer.Config {
-		return consumer.Config{Name: "provider", Stream: testenv.Stream, Subject: testenv.Subject,
+		return consumer.Config{Name: "provider", Subject: testenv.Subject,
 			LeaseFor: time.Second, AckWait: time.Second, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
-			External: perform(worker), Observer: b.out.Observe}
+			External: perform(worker)}
 	}
-	a, err := consumer.New(stalledDB, stalledJS, cfg("A"))
+	a, err := consumer.New(b.through(t, stalledDB, nc), cfg("A"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +277,7 @@ func TestLeaseHolderStopsBeforeItsLeaseEnds(t *testing.T) {
 	dbProxy.Pause()
 	natsProxy.Pause()
 	t.Cleanup(func() { dbProxy.Resume(); natsProxy.Resume() })
-	bw, err := consumer.New(b.env.DB.Pool, b.env.JS, cfg("B"))
+	bw, err := consumer.New(b.inst, cfg("B"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +319,7 @@ func TestBatchesAreBoundedByBytes(t *testing.T) {
 	var biggest atomic.Int64
 	cfg := b.config()
 	cfg.MaxBatchBytes = 300 << 10
-	cfg.Linger = 300 * time.Millisecond
+	consumer.SetLinger(&cfg, 300*time.Millisecond)
 	cfg.BatchHandler = batchFunc(func(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([][]byte, error) {
 		var n int64
 		for _, d := range ds {
@@ -370,7 +363,7 @@ func TestPerformedEffectIsRecordedAfterTheFenceFired(t *testing.T) {
 	})
 	cfg := b.extConfig(h)
 	cfg.LeaseFor, cfg.AckWait = time.Second, 10*time.Second
-	c, err := consumer.New(stalledDB, b.env.JS, cfg)
+	c, err := consumer.New(b.through(t, stalledDB, b.env.NC), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // A consumer registers itself before it takes a message: the reconciler waits for
@@ -16,7 +15,7 @@ import (
 func TestConsumerRegistersItself(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	c, err := consumer.New(env.DB.Pool, env.JS, testenv.ConsumerConfig("reg"))
+	c, err := consumer.New(env.Inst, testenv.ConsumerConfig("reg"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +35,7 @@ func TestConsumerResumesAfterAFailedRecreation(t *testing.T) {
 	ctx := context.Background()
 	cfg := testenv.ConsumerConfig("shared")
 	cfg.CheckInterval = 100 * time.Millisecond
-	c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+	c, err := consumer.New(env.Inst, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +48,7 @@ func TestConsumerResumesAfterAFailedRecreation(t *testing.T) {
 	}
 	testenv.Eventually(t, 10*time.Second, "Health to say the durable consumer is missing", func() bool { return c.Health() != nil })
 	// Another worker's stream keeper and consumer.
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}); err != nil {
+	if _, err := env.Inst.EnsureStream(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.JS.CreateOrUpdateConsumer(ctx, testenv.Stream, c.JetStreamConfig()); err != nil {

@@ -93,7 +93,7 @@ func (w *ordWorld) publish(t *testing.T, keys []string, rounds int) {
 // sharing each partition's durable consumer), with h as their handler.
 func (w *ordWorld) start(t *testing.T, ctx context.Context, h consumer.Handler, tune func(*consumer.Config)) {
 	t.Helper()
-	base := consumer.Config{Name: "ord", Stream: testenv.Stream, Subject: ordSubject, Handler: h,
+	base := consumer.Config{Name: "ord", Subject: ordSubject, Handler: h,
 		AckWait: 2 * time.Second, Backoff: func(int) time.Duration { return 200 * time.Millisecond }}
 	if tune != nil {
 		tune(&base)
@@ -104,7 +104,7 @@ func (w *ordWorld) start(t *testing.T, ctx context.Context, h consumer.Handler, 
 	}
 	for _, cfg := range cfgs {
 		for range 2 {
-			c, err := consumer.New(w.env.DB.Pool, w.env.JS, cfg)
+			c, err := consumer.New(w.env.Inst, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -307,8 +307,9 @@ func TestOrderedRedeliveryDoesNotReorder(t *testing.T) {
 // subjects outbox.Partition maps keys to, and refuses what would break the order.
 func TestPartitioned(t *testing.T) {
 	t.Parallel()
+	env := testenv.New(t)
 	h := ordEffect{}
-	base := consumer.Config{Name: "orders", Stream: testenv.Stream, Subject: "orders.events", Handler: h}
+	base := consumer.Config{Name: "orders", Subject: "orders.events", Handler: h}
 	cfgs, err := consumer.Partitioned(base, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -318,8 +319,12 @@ func TestPartitioned(t *testing.T) {
 		if c.Name != fmt.Sprintf("orders-%d", p) || c.Subject != subjects[p] || !c.Ordered {
 			t.Errorf("partition %d: %s on %s, ordered %v", p, c.Name, c.Subject, c.Ordered)
 		}
-		if d := c.WithDefaults(); d.MaxAckPending != 1 || d.Concurrency != 1 || d.BatchSize != 1 {
-			t.Errorf("partition %d: MaxAckPending %d, Concurrency %d, BatchSize %d; want 1, 1, 1", p, d.MaxAckPending, d.Concurrency, d.BatchSize)
+		pc, err := consumer.New(env.Inst, c)
+		if err != nil {
+			t.Fatalf("partition %d: %v", p, err)
+		}
+		if d, ack := c.WithDefaults(), pc.JetStreamConfig().MaxAckPending; ack != 1 || d.Concurrency != 1 || d.BatchSize != 1 {
+			t.Errorf("partition %d: MaxAckPending %d, Concurrency %d, BatchSize %d; want 1, 1, 1", p, ack, d.Concurrency, d.BatchSize)
 		}
 	}
 	for i := range 100 {
@@ -332,7 +337,6 @@ func TestPartitioned(t *testing.T) {
 		"wildcard subject": func(c *consumer.Config) { c.Subject = "orders.*" },
 		"batch":            func(c *consumer.Config) { c.BatchSize = 10 },
 		"concurrency":      func(c *consumer.Config) { c.Concurrency = 2 },
-		"ack pending":      func(c *consumer.Config) { c.MaxAckPending = 5 },
 	} {
 		c := base
 		mut(&c)
@@ -343,7 +347,7 @@ func TestPartitioned(t *testing.T) {
 	if _, err := consumer.Partitioned(base, 0); err == nil {
 		t.Error("Partitioned accepted 0 partitions")
 	}
-	if _, err := consumer.New(nil, nil, consumer.Config{Name: "o", Stream: "S", Subject: "a.b", Handler: h, Ordered: true, Concurrency: 2}); err == nil {
+	if _, err := consumer.New(env.Inst, consumer.Config{Name: "o", Subject: "a.b", Handler: h, Ordered: true, Concurrency: 2}); err == nil {
 		t.Error("New accepted an Ordered consumer with Concurrency 2")
 	}
 }

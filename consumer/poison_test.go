@@ -10,10 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
-
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
@@ -153,7 +152,7 @@ func TestOneFailureDoesNotSinkItsBatch(t *testing.T) {
 	cfg := b.config()
 	cfg.BatchHandler = nil
 	cfg.BatchSize = 10
-	cfg.Linger = 500 * time.Millisecond // gather all five in one batch
+	consumer.SetLinger(&cfg, 500*time.Millisecond) // gather all five in one batch
 	cfg.MaxDeliver = 1
 	cfg.Handler = consumer.HandlerFunc(func(ctx context.Context, tx pgx.Tx, d *consumer.Delivery) ([]byte, error) {
 		if d.Key == "b-bad" {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
@@ -24,20 +25,19 @@ func TestReplayDeadLetter(t *testing.T) {
 	ctx := context.Background()
 	// The original goes the way production messages go, through the outbox and
 	// the relay, so it carries the relay's headers (the replay must not copy them).
-	relay, err := outbox.NewRelay(b.env.DB.Pool, b.env.JS, outbox.RelayConfig{Stream: testenv.Stream})
+	// The relay reports to the test's installation, not the bundle's observed one,
+	// so its outcomes are not counted as the consumer's.
+	rl, err := relay.New(b.env.Inst, relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{Subjects: []string{testenv.Subjects}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob := outbox.New(b.env.Inst)
 	if err := pgx.BeginFunc(ctx, b.env.DB.Pool, func(tx pgx.Tx) error {
 		return ob.Enqueue(ctx, tx, idem.Message{Key: "k-replay", Subject: testenv.Subject, Payload: payload(42)})
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+	if n, err := rl.Drain(ctx); err != nil || n != 1 {
 		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
 	}
 
@@ -55,10 +55,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
 
-	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(b.inst)
 	list, err := dls.List(ctx, 10)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("List = %v, %v", list, err)
@@ -81,7 +78,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-replay' AND published_at IS NULL`); n != 1 {
 		t.Fatalf("outbox rows waiting after the replay = %d, want 1", n)
 	}
-	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+	if n, err := rl.Drain(ctx); err != nil || n != 1 {
 		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
 	}
 	testenv.Eventually(t, 45*time.Second, "replay processed", func() bool { return b.out.Get(idem.OutcomeProcessed) == 1 })
@@ -93,7 +90,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := relay.Drain(ctx); err != nil || n != 1 {
+	if n, err := rl.Drain(ctx); err != nil || n != 1 {
 		t.Fatalf("relay Drain = %d, %v; want 1", n, err)
 	}
 	drained := b.env.Drained(t, effectName)
@@ -130,10 +127,7 @@ func TestReplayRefusesKeylessDeadLetter(t *testing.T) {
 	b.env.Publish(t, testenv.Subject, "", "no-key", payload(1))
 	b.start(t, b.config())
 	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
-	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(b.inst)
 	list, err := dls.List(context.Background(), 10)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("List = %v, %v", list, err)

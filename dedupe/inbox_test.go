@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
@@ -16,6 +17,27 @@ const claimConsumer = "charges"
 
 // testMessage is the message of every claim that does not say otherwise.
 const testMessage = "test.charge"
+
+// testStream is the stream of the tests' installations; an inbox never touches it.
+var testStream = install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}
+
+// installOf is the installation of schema in db, without a NATS connection: the
+// inbox needs only the tables.
+func installOf(t testing.TB, db *pgtest.DB, schema string) *install.Installation {
+	t.Helper()
+	inst, err := install.New(db.Pool, nil, install.Config{Schema: schema, Stream: testStream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst
+}
+
+// newInbox starts a database shaped by opts and returns it with its inbox.
+func newInbox(t testing.TB, opts pgtest.Options) (*pgtest.DB, *dedupe.Inbox) {
+	t.Helper()
+	db := pgtest.NewWith(t, opts)
+	return db, dedupe.New(installOf(t, db, opts.Schema))
+}
 
 // byKey keys verdicts by key alone, for claims of one message each.
 func byKey(vs map[dedupe.ID]dedupe.Verdict) map[string]dedupe.Verdict {
@@ -72,11 +94,7 @@ func TestInboxClaimVerdicts(t *testing.T) {
 		name := map[string]string{"": "public", "inbox_test": "inbox_test"}[schema]
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.NewWith(t, pgtest.Options{Schema: schema})
-			in, err := dedupe.New(dedupe.Config{Schema: schema})
-			if err != nil {
-				t.Fatal(err)
-			}
+			db, in := newInbox(t, pgtest.Options{Schema: schema})
 			ctx := context.Background()
 			a, b := []byte("payload A"), []byte("payload B")
 
@@ -157,19 +175,16 @@ func TestInboxClaimVerdicts(t *testing.T) {
 func TestInboxSchemaIsQualified(t *testing.T) {
 	t.Parallel()
 	db := pgtest.NewWith(t, pgtest.Options{Schema: "inbox_test"})
-	public, err := dedupe.New(dedupe.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
+	public := dedupe.New(installOf(t, db, ""))
+	err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
 		_, err := public.Claim(context.Background(), tx, claimConsumer, []dedupe.Claim{{Key: "k", Message: testMessage, Payload: []byte("x")}}, time.Hour)
 		return err
 	})
 	if err == nil {
 		t.Fatal("the public inbox claimed on a database whose idem tables live in inbox_test")
 	}
-	if _, err := dedupe.New(dedupe.Config{Schema: "Not-A-Schema"}); err == nil {
-		t.Error("New accepted an invalid schema name")
+	if _, err := install.New(db.Pool, nil, install.Config{Schema: "Not-A-Schema", Stream: testStream}); err == nil {
+		t.Error("install.New accepted an invalid schema name")
 	}
 }
 
@@ -190,14 +205,10 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 		firstCommits := tc.firstCommits
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.NewWith(t, pgtest.Options{Partitioned: tc.partitioned})
+			db, in := newInbox(t, pgtest.Options{Partitioned: tc.partitioned})
 			secondLifetime := time.Hour
 			if tc.partitioned {
 				secondLifetime = 7 * 24 * time.Hour
-			}
-			in, err := dedupe.New(dedupe.Config{})
-			if err != nil {
-				t.Fatal(err)
 			}
 			ctx := context.Background()
 			cl := []dedupe.Claim{{Key: "k-race", Message: testMessage, Payload: []byte("x")}}
@@ -259,10 +270,7 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 
 func TestInboxClaimNothing(t *testing.T) {
 	t.Parallel()
-	in, err := dedupe.New(dedupe.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, in := newInbox(t, pgtest.Options{})
 	// No keys, no statement: a nil transaction is never touched.
 	got, err := in.Claim(context.Background(), nil, claimConsumer, nil, time.Hour)
 	if err != nil || len(got) != 0 {

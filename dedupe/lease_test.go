@@ -16,10 +16,7 @@ const leaseConsumer = "emails"
 
 var fpA, fpB = []byte("payload A"), []byte("payload B")
 
-// inbox is the inbox of the default schema; pgtest migrates every database there.
-var inbox, _ = dedupe.New(dedupe.Config{})
-
-func mustLease(t *testing.T, db *pgtest.DB, key string, fp []byte, leaseFor time.Duration) dedupe.LeaseResult {
+func mustLease(t *testing.T, inbox *dedupe.Inbox, db *pgtest.DB, key string, fp []byte, leaseFor time.Duration) dedupe.LeaseResult {
 	t.Helper()
 	r, err := inbox.Lease(context.Background(), db.Pool, leaseConsumer, dedupe.ID{Key: key, Message: testMessage}, fp, leaseFor, time.Hour)
 	if err != nil {
@@ -39,31 +36,31 @@ func wantOutcome(t *testing.T, r dedupe.LeaseResult, want dedupe.LeaseOutcome) {
 // first result once completed, and a mismatch for a different payload throughout.
 func TestLeaseLifecycle(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db, inbox := newInbox(t, pgtest.Options{})
 	ctx := context.Background()
 
-	first := mustLease(t, db, "k1", fpA, time.Minute)
+	first := mustLease(t, inbox, db, "k1", fpA, time.Minute)
 	wantOutcome(t, first, dedupe.LeaseAcquired)
 	if first.Attempt != 1 || first.Step != "" || first.StepState != nil {
 		t.Fatalf("first acquisition = %+v, want attempt 1 and no recovery point", first)
 	}
 
-	busy := mustLease(t, db, "k1", fpA, time.Minute)
+	busy := mustLease(t, inbox, db, "k1", fpA, time.Minute)
 	wantOutcome(t, busy, dedupe.LeaseBusy)
 	if busy.RetryIn <= 0 || busy.RetryIn > time.Minute {
 		t.Errorf("busy RetryIn = %s, want within (0, 1m]", busy.RetryIn)
 	}
-	wantOutcome(t, mustLease(t, db, "k1", fpB, time.Minute), dedupe.LeaseMismatch)
+	wantOutcome(t, mustLease(t, inbox, db, "k1", fpB, time.Minute), dedupe.LeaseMismatch)
 
 	if err := inbox.CompleteLease(ctx, db.Pool, first.Holder, []byte(`{"sent":true}`)); err != nil {
 		t.Fatal(err)
 	}
-	done := mustLease(t, db, "k1", fpA, time.Minute)
+	done := mustLease(t, inbox, db, "k1", fpA, time.Minute)
 	wantOutcome(t, done, dedupe.LeaseDone)
 	if string(done.Result) != `{"sent":true}` {
 		t.Errorf("done result = %q, want the stored first result", done.Result)
 	}
-	wantOutcome(t, mustLease(t, db, "k1", fpB, time.Minute), dedupe.LeaseMismatch)
+	wantOutcome(t, mustLease(t, inbox, db, "k1", fpB, time.Minute), dedupe.LeaseMismatch)
 
 	// Completed means completed: the former holder cannot complete, extend or
 	// release it again.
@@ -82,10 +79,10 @@ func TestLeaseLifecycle(t *testing.T) {
 // it over with the recovery point intact, and the dead holder's token is refused.
 func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db, inbox := newInbox(t, pgtest.Options{})
 	ctx := context.Background()
 
-	dead := mustLease(t, db, "k2", fpA, 300*time.Millisecond)
+	dead := mustLease(t, inbox, db, "k2", fpA, 300*time.Millisecond)
 	wantOutcome(t, dead, dedupe.LeaseAcquired)
 	if err := inbox.RecordStep(ctx, db.Pool, dead.Holder, "authorize", []byte(`{"auth":"a_1"}`)); err != nil {
 		t.Fatal(err)
@@ -94,7 +91,7 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	// is busy (TestLeaseLifecycle); then one of them takes over.
 	var next dedupe.LeaseResult
 	testenv.Eventually(t, 45*time.Second, "the expired lease to be taken over", func() bool {
-		next = mustLease(t, db, "k2", fpA, time.Minute)
+		next = mustLease(t, inbox, db, "k2", fpA, time.Minute)
 		return next.Outcome == dedupe.LeaseAcquired
 	})
 	if next.Attempt != 2 || next.Step != "authorize" || string(next.StepState) != `{"auth":"a_1"}` {
@@ -125,24 +122,24 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	if err := inbox.CompleteLease(ctx, db.Pool, next.Holder, []byte(`"ok"`)); err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, mustLease(t, db, "k2", fpA, time.Minute), dedupe.LeaseDone)
+	wantOutcome(t, mustLease(t, inbox, db, "k2", fpA, time.Minute), dedupe.LeaseDone)
 }
 
 // A released lease (the effect failed) can be taken again at once, resuming at its
 // recovery point.
 func TestLeaseReleaseAllowsImmediateRetry(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
+	db, inbox := newInbox(t, pgtest.Options{})
 	ctx := context.Background()
 
-	r := mustLease(t, db, "k3", fpA, time.Hour)
+	r := mustLease(t, inbox, db, "k3", fpA, time.Hour)
 	if err := inbox.RecordStep(ctx, db.Pool, r.Holder, "one", []byte("s1")); err != nil {
 		t.Fatal(err)
 	}
 	if err := inbox.ReleaseLease(ctx, db.Pool, r.Holder); err != nil {
 		t.Fatal(err)
 	}
-	again := mustLease(t, db, "k3", fpA, time.Hour)
+	again := mustLease(t, inbox, db, "k3", fpA, time.Hour)
 	wantOutcome(t, again, dedupe.LeaseAcquired)
 	if again.Attempt != 2 || again.Step != "one" || string(again.StepState) != "s1" {
 		t.Fatalf("after release = %+v, want attempt 2 at step one", again)
@@ -151,15 +148,15 @@ func TestLeaseReleaseAllowsImmediateRetry(t *testing.T) {
 	if err := inbox.ReleaseLease(ctx, db.Pool, again.Holder); err != nil {
 		t.Fatal(err)
 	}
-	wantOutcome(t, mustLease(t, db, "k3", fpB, time.Hour), dedupe.LeaseMismatch)
+	wantOutcome(t, mustLease(t, inbox, db, "k3", fpB, time.Hour), dedupe.LeaseMismatch)
 }
 
 // ExtendLease keeps a live holder live: the new end is later, and a competitor is
 // told to wait for the extended end, not the original one.
 func TestLeaseExtend(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t)
-	r := mustLease(t, db, "k4", fpA, time.Second)
+	db, inbox := newInbox(t, pgtest.Options{})
+	r := mustLease(t, inbox, db, "k4", fpA, time.Second)
 	until, err := inbox.ExtendLease(context.Background(), db.Pool, r.Holder, time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +164,7 @@ func TestLeaseExtend(t *testing.T) {
 	if !until.After(r.Until.Add(50 * time.Minute)) {
 		t.Fatalf("extended until %s, first until %s: not extended", until, r.Until)
 	}
-	busy := mustLease(t, db, "k4", fpA, time.Second)
+	busy := mustLease(t, inbox, db, "k4", fpA, time.Second)
 	wantOutcome(t, busy, dedupe.LeaseBusy)
 	if busy.RetryIn < 50*time.Minute {
 		t.Errorf("busy RetryIn = %s, want the extended lease (~1h)", busy.RetryIn)
@@ -189,11 +186,7 @@ func TestLeaseRaceHasOneWinner(t *testing.T) {
 }
 
 func leaseRace(t *testing.T, partitioned bool) {
-	db := pgtest.NewWith(t, pgtest.Options{Partitioned: partitioned})
-	inbox, err := dedupe.New(dedupe.Config{}) // its own: an Inbox learns one database's layout
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, inbox := newInbox(t, pgtest.Options{Partitioned: partitioned}) // its own: an Inbox learns one database's layout
 	const workers = 12
 
 	race := func(leaseFor time.Duration) (acquired []dedupe.LeaseResult, busy int) {
@@ -254,6 +247,7 @@ func leaseRace(t *testing.T, partitioned bool) {
 
 func TestLeaseRejectsNonPositiveLeaseFor(t *testing.T) {
 	t.Parallel()
+	_, inbox := newInbox(t, pgtest.Options{})
 	if _, err := inbox.Lease(context.Background(), nil, leaseConsumer, dedupe.ID{Key: "k", Message: testMessage}, fpA, 0, 0); err == nil {
 		t.Fatal("Lease with leaseFor 0: want an error")
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/migrations"
@@ -87,10 +88,11 @@ func TestUpgradeToV5KeepsEveryRowsMeaning(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			in, err := dedupe.New(dedupe.Config{})
+			inst, err := install.New(db.Pool, nil, install.Config{Stream: install.Stream{Name: "PAYMENTS", Subjects: []string{"idem.>"}}})
 			if err != nil {
 				t.Fatal(err)
 			}
+			in := dedupe.New(inst)
 			var verdicts map[dedupe.ID]dedupe.Verdict
 			claims := []dedupe.Claim{
 				{Key: "k-done", Message: "idem.payments.charge", Payload: []byte("A")}, // the message in flight: folded
@@ -130,10 +132,7 @@ func TestUpgradeToV5KeepsEveryRowsMeaning(t *testing.T) {
 				t.Fatalf("lease after completing the old row = %+v, %v; want done", r, err)
 			}
 
-			dls, err := consumer.NewDeadLetters(db.Pool, "")
-			if err != nil {
-				t.Fatal(err)
-			}
+			dls := consumer.NewDeadLetters(inst)
 			if list, err := dls.List(ctx, 10); err != nil || len(list) != 1 || list[0].Message != "idem.payments.charge" {
 				t.Errorf("the v4 dead letter = %+v, %v; want its message to be its subject", list, err)
 			}

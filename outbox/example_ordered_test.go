@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/worker"
 )
 
 // Ordering by key: a producer maps each message's ordering key (an order id) to
@@ -24,13 +28,19 @@ func ExamplePartition() {
 		log.Fatal(err)
 	}
 	defer env.Close()
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
-		log.Fatal(err)
-	}
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"orders.>"}})
+	var published atomic.Int64
+	inst, err := install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Observer: func(e idem.Event) {
+			if e.Component == idem.ComponentRelay && e.Outcome == idem.OutcomePublished {
+				published.Add(int64(e.Count))
+			}
+		},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
+	ob := outbox.New(inst)
 	const partitions = 4
 	// Three events of order 42, each in its own transaction, as a service would
 	// write them one after another.
@@ -44,14 +54,21 @@ func ExamplePartition() {
 			log.Fatal(err)
 		}
 	}
-	relay, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
-		Stream:          "ORDERS",
-		OrderedSubjects: []string{"orders.events.*"}, // every relay of this outbox says the same
+	w, err := worker.New(inst, worker.Config{
+		Relay: worker.RelayConfig{OrderedSubjects: []string{"orders.events.*"}}, // every worker of this installation says the same
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := relay.Drain(ctx); err != nil {
+	if err := w.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); published.Load() < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			log.Fatal("the events were not published")
+		}
+	}
+	if err := w.Stop(ctx); err != nil {
 		log.Fatal(err)
 	}
 	stream, err := env.JS.Stream(ctx, "ORDERS")

@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/worker"
 )
 
 // A producer writes its business row and the message announcing it in one
@@ -31,15 +35,23 @@ func ExampleOutbox_Enqueue() {
 	}
 	defer env.Close()
 
-	// The topology is the application's: its stream, and the outbox told its
-	// subjects so that a message no stream would store is refused at once.
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}}); err != nil {
-		log.Fatal(err)
-	}
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"orders.>"}})
+	// The installation: the database of idem's tables and the application's
+	// stream, whose subjects bound what the outbox accepts, so that a message no
+	// stream would store is refused at once. Its observer counts what the relay
+	// publishes.
+	var published atomic.Int64
+	inst, err := install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}},
+		Observer: func(e idem.Event) {
+			if e.Component == idem.ComponentRelay && e.Outcome == idem.OutcomePublished {
+				published.Add(int64(e.Count))
+			}
+		},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
+	ob := outbox.New(inst)
 	placeOrder := func(id int64, key idem.Key, subject string, fail error) error {
 		return pgx.BeginFunc(ctx, env.Pool, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `INSERT INTO orders (id, total_cents) VALUES ($1, 4200)`, id); err != nil {
@@ -61,15 +73,23 @@ func ExampleOutbox_Enqueue() {
 	err = placeOrder(9, "order-9", "invoices.created", nil)
 	fmt.Println("order 9 refused, bad subject:", errors.Is(err, idem.ErrBadSubject))
 
-	relay, err := outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{Stream: "ORDERS"})
+	// A worker's relay publishes the committed messages, woken at every commit.
+	w, err := worker.New(inst, worker.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	n, err := relay.Drain(ctx) // a service runs relay.Run instead, woken at every commit
-	if err != nil {
+	if err := w.Start(ctx); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("published:", n)
+	for deadline := time.Now().Add(30 * time.Second); published.Load() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			log.Fatal("nothing was published")
+		}
+	}
+	if err := w.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("published:", published.Load())
 
 	stream, err := env.JS.Stream(ctx, "ORDERS")
 	if err != nil {

@@ -11,19 +11,29 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
-// newOutbox is an outbox that accepts the test stream's subjects only.
-func newOutbox(t *testing.T, schema string) *outbox.Outbox {
+// installOf is the installation of db's public schema on a stream of subjects,
+// without a NATS connection: the outbox needs only the tables.
+func installOf(t *testing.T, db *pgtest.DB, subjects ...string) *install.Installation {
 	t.Helper()
-	ob, err := outbox.New(outbox.Config{Schema: schema, Subjects: []string{testenv.Subjects}})
+	inst, err := install.New(db.Pool, nil, install.Config{Stream: install.Stream{Name: testenv.Stream, Subjects: subjects}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ob
+	return inst
+}
+
+// newOutbox is the outbox of db, which accepts the test stream's subjects only.
+func newOutbox(t *testing.T, db *pgtest.DB) *outbox.Outbox {
+	t.Helper()
+	return outbox.New(installOf(t, db, testenv.Subjects))
 }
 
 // enqueue writes msgs in one committed transaction.
@@ -58,13 +68,13 @@ func msg(key string) idem.Message {
 
 // Enqueue refuses, before writing anything, a message the broker could never take
 // or that would lose its identity on the way: a missing or malformed (scoped) key,
-// a subject that is not literal or lies outside Config.Subjects, a nil payload, a
+// a subject that is not literal or lies outside the stream's subjects, a nil payload, a
 // header the relay owns or that NATS cannot carry. The refusal leaves the caller's
 // transaction usable, and a batch with one bad message writes none of them.
 func TestEnqueueRefusesBadMessages(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ob := newOutbox(t, "")
+	ob := newOutbox(t, db)
 	ok := msg("k-ok")
 	with := func(mut func(*idem.Message)) idem.Message {
 		m := msg("k")
@@ -150,17 +160,14 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 	}
 }
 
-// Config.Subjects is the stream's: a subject under it is accepted, any other is
-// refused while the caller can still tell its client; without Subjects any literal
-// subject goes in (and it is the relay's Stream that catches a misroute).
+// The installation's stream's subjects bound the outbox: a subject under them is
+// accepted, any other is refused while the caller can still tell its client; a
+// stream of every subject (">") takes any literal subject.
 func TestOutboxSubjectsRefuseOutOfStreamSubject(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	ctx := context.Background()
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"test.payments.*", "test.emails.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob := outbox.New(installOf(t, db, "test.payments.*", "test.emails.>"))
 	for subject, accepted := range map[string]bool{
 		"test.payments.charge":   true,
 		"test.emails.send.now":   true,
@@ -180,19 +187,19 @@ func TestOutboxSubjectsRefuseOutOfStreamSubject(t *testing.T) {
 	if n := db.Count(t, `SELECT count(*) FROM idem_outbox`); n != 2 {
 		t.Errorf("outbox rows = %d, want the 2 accepted", n)
 	}
-	anySubject, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	anySubject := outbox.New(installOf(t, db, ">"))
 	enqueue(t, db, anySubject, idem.Message{Key: "k-any", Subject: "orders.created", Payload: []byte("{}")})
 
-	for name, cfg := range map[string]outbox.Config{
-		"bad filter": {Subjects: []string{"test..x"}},
-		"> not last": {Subjects: []string{"test.>.x"}},
-		"bad schema": {Schema: "Not-A-Schema"},
+	// An outbox is only made of an installation, which refuses what no outbox
+	// could use.
+	for name, cfg := range map[string]install.Config{
+		"bad filter":  {Stream: install.Stream{Name: testenv.Stream, Subjects: []string{"test..x"}}},
+		"> not last":  {Stream: install.Stream{Name: testenv.Stream, Subjects: []string{"test.>.x"}}},
+		"bad schema":  {Schema: "Not-A-Schema", Stream: install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}},
+		"no subjects": {Stream: install.Stream{Name: testenv.Stream}},
 	} {
-		if _, err := outbox.New(cfg); err == nil {
-			t.Errorf("%s: New accepted %+v", name, cfg)
+		if _, err := install.New(db.Pool, nil, cfg); err == nil {
+			t.Errorf("%s: install.New accepted %+v", name, cfg)
 		}
 	}
 }
@@ -202,7 +209,7 @@ func TestOutboxSubjectsRefuseOutOfStreamSubject(t *testing.T) {
 func TestEnqueueRollsBackWithTheTransaction(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ob := newOutbox(t, "")
+	ob := newOutbox(t, db)
 	ctx := context.Background()
 	boom := errors.New("business failure")
 	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
@@ -224,7 +231,7 @@ func TestEnqueueRollsBackWithTheTransaction(t *testing.T) {
 func TestEnqueueCarriesTraceContext(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ob := newOutbox(t, "")
+	ob := newOutbox(t, db)
 	tp := sdktrace.NewTracerProvider()
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	ctx, span := tp.Tracer("test").Start(context.Background(), "produce")
@@ -256,13 +263,14 @@ func TestEnqueueCarriesTraceContext(t *testing.T) {
 	}
 }
 
-// Backlog is the relay's queue: pending rows and the age of the oldest.
+// The backlog (ops.ReadBacklog) is the relay's queue: pending rows and the age of
+// the oldest.
 func TestBacklog(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	ctx := context.Background()
-	b, err := ob.Backlog(ctx, env.DB.Pool)
+	b, err := ops.ReadBacklog(ctx, env.DB.Pool, env.Inst.Store())
 	if err != nil || b.Pending != 0 || b.OldestCreatedAt != nil || b.OldestAge != 0 {
 		t.Fatalf("empty outbox: Backlog = %+v, %v", b, err)
 	}
@@ -270,18 +278,18 @@ func TestBacklog(t *testing.T) {
 	if _, err := env.DB.Pool.Exec(ctx, `UPDATE idem_outbox SET created_at = now() - interval '1 hour' WHERE key = 'k-1'`); err != nil {
 		t.Fatal(err)
 	}
-	b, err = ob.Backlog(ctx, env.DB.Pool)
+	b, err = ops.ReadBacklog(ctx, env.DB.Pool, env.Inst.Store())
 	if err != nil || b.Pending != 2 || b.OldestCreatedAt == nil || b.OldestAge < 59*60e9 {
 		t.Fatalf("Backlog = %+v, %v; want 2 pending, the oldest about an hour old", b, err)
 	}
-	r, err := outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{Stream: testenv.Stream})
+	r, err := relay.New(env.Inst, relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n, err := r.Drain(ctx); err != nil || n != 2 {
 		t.Fatalf("Drain = %d, %v; want 2", n, err)
 	}
-	if b, err = ob.Backlog(ctx, env.DB.Pool); err != nil || b.Pending != 0 || b.OldestCreatedAt != nil {
+	if b, err = ops.ReadBacklog(ctx, env.DB.Pool, env.Inst.Store()); err != nil || b.Pending != 0 || b.OldestCreatedAt != nil {
 		t.Fatalf("after the drain: Backlog = %+v, %v; want nothing pending", b, err)
 	}
 }
@@ -293,7 +301,7 @@ func TestBacklog(t *testing.T) {
 func TestEnqueueOneAndManyStoreAlike(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	ob := newOutbox(t, "")
+	ob := newOutbox(t, db)
 	ctx := context.Background()
 	m := func(key string) idem.Message {
 		return idem.Message{Key: idem.ScopedKey("tenant", idem.Key(key)), Subject: testenv.Subject,

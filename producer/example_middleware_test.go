@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 )
 
@@ -24,8 +24,9 @@ import (
 // writes nothing.
 func ExampleMiddleware() {
 	ctx := context.Background()
-	// A throwaway Postgres database with idem's tables and the application's own
-	// (and an embedded JetStream, unused here: the relay would publish the outbox).
+	// A throwaway Postgres database with idem's tables and the application's own,
+	// and an embedded JetStream (unused here: a worker's relay would publish the
+	// outbox).
 	env, err := testenv.Open(ctx, func(ctx context.Context, pool *pgxpool.Pool) error {
 		_, err := pool.Exec(ctx, `CREATE TABLE payments (
 			id bigserial PRIMARY KEY, scope text NOT NULL, idempotency_key text NOT NULL,
@@ -37,14 +38,16 @@ func ExampleMiddleware() {
 	}
 	defer env.Close()
 
-	// The outbox knows the stream's subjects, so a wrong subject fails the request
-	// while the client can still be told.
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"payments.>"}})
+	// The installation knows the stream's subjects, so a wrong subject fails the
+	// request while the client can still be told.
+	inst, err := install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{Name: "PAYMENTS", Subjects: []string{"payments.>"}},
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
 	// Zero fields mean the defaults: 48h key lifetime, 5s wait, 1 MiB bodies.
-	mw, err := producer.NewMiddleware(env.Pool, producer.Config{Outbox: ob})
+	mw, err := producer.NewMiddleware(inst, producer.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

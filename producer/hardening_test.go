@@ -134,7 +134,7 @@ func TestMiddlewareRefusesKeysOlderThanItsMemory(t *testing.T) {
 	ctx := context.Background()
 	var got outcomes
 	app := newTestApp(t)
-	h := newMiddleware(t, db.Pool, producer.Config{KeyLifetime: 48 * time.Hour, Observer: got.observe}).Wrap(app)
+	h := newMiddleware(t, db.Pool, producer.Config{KeyLifetime: 48 * time.Hour}, observedBy(got.observe)).Wrap(app)
 	now := time.Now()
 
 	old := keyMintedAt(t, now.Add(-49*time.Hour))

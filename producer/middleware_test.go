@@ -17,9 +17,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 )
 
@@ -119,7 +119,7 @@ func (a *testApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // outcomes records the ingress events an Observer is told.
 type outcomes struct {
 	mu   sync.Mutex
-	list []string
+	list []idem.Outcome
 }
 
 func (o *outcomes) observe(e idem.Event) {
@@ -137,7 +137,7 @@ func (o *outcomes) len() int {
 	return len(o.list)
 }
 
-func (o *outcomes) last() string {
+func (o *outcomes) last() idem.Outcome {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if len(o.list) == 0 {
@@ -188,9 +188,34 @@ func newDB(t *testing.T, opts pgtest.Options) *pgtest.DB {
 	return db
 }
 
-func newMiddleware(t *testing.T, pool *pgxpool.Pool, cfg producer.Config) *producer.Middleware {
+// testStream is the stream of the tests' installations: its subjects bound what
+// Intent.Enqueue accepts.
+var testStream = install.Stream{Name: "TEST", Subjects: []string{"test.>"}}
+
+// installOf is the installation of pool's public schema on testStream, without a
+// NATS connection (the middleware needs only the tables), changed by edits.
+func installOf(t *testing.T, pool *pgxpool.Pool, edits ...func(*install.Config)) *install.Installation {
 	t.Helper()
-	mw, err := producer.NewMiddleware(pool, cfg)
+	cfg := install.Config{Stream: testStream}
+	for _, edit := range edits {
+		edit(&cfg)
+	}
+	inst, err := install.New(pool, nil, cfg)
+	if err != nil {
+		t.Fatalf("install.New: %v", err)
+	}
+	return inst
+}
+
+// observedBy puts obs on the installation.
+func observedBy(obs idem.Observer) func(*install.Config) {
+	return func(c *install.Config) { c.Observer = obs }
+}
+
+// newMiddleware is the ingress of installOf(pool, edits...).
+func newMiddleware(t *testing.T, pool *pgxpool.Pool, cfg producer.Config, edits ...func(*install.Config)) *producer.Middleware {
+	t.Helper()
+	mw, err := producer.NewMiddleware(installOf(t, pool, edits...), cfg)
 	if err != nil {
 		t.Fatalf("NewMiddleware: %v", err)
 	}
@@ -218,9 +243,9 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 		req
 		status   int
 		replayed bool
-		code     string // JSON error code of a middleware answer
-		outcome  string // reported to the Observer ("" for safe methods)
-		sameAs   int    // 1-based index of an earlier step whose body must be repeated
+		code     string       // JSON error code of a middleware answer
+		outcome  idem.Outcome // reported to the Observer ("" for safe methods)
+		sameAs   int          // 1-based index of an earlier step whose body must be repeated
 	}
 	body := `{"amount":1}`
 	cases := []struct {
@@ -376,9 +401,7 @@ func TestMiddlewareStatusCodes(t *testing.T) {
 			t.Parallel()
 			db := newDB(t, pgtest.Options{})
 			var got outcomes
-			cfg := tc.cfg
-			cfg.Observer = got.observe
-			h := newMiddleware(t, db.Pool, cfg).Wrap(newTestApp(t))
+			h := newMiddleware(t, db.Pool, tc.cfg, observedBy(got.observe)).Wrap(newTestApp(t))
 
 			var answers []*httptest.ResponseRecorder
 			for i, s := range tc.steps {
@@ -471,7 +494,7 @@ func TestMiddlewareConflictWhileFirstRuns(t *testing.T) {
 	db := newDB(t, pgtest.Options{})
 	app := newTestApp(t)
 	var got outcomes
-	h := newMiddleware(t, db.Pool, producer.Config{Wait: 50 * time.Millisecond, Observer: got.observe}).Wrap(app)
+	h := newMiddleware(t, db.Pool, producer.Config{Wait: 50 * time.Millisecond}, observedBy(got.observe)).Wrap(app)
 
 	q := req{path: "/block", key: key("k1"), body: `{}`}
 	first := make(chan *httptest.ResponseRecorder, 1)
@@ -578,7 +601,7 @@ func TestMiddlewareDatabaseDown(t *testing.T) {
 	t.Cleanup(pool.Close)
 	var got outcomes
 	app := newTestApp(t)
-	h := newMiddleware(t, pool, producer.Config{Observer: got.observe}).Wrap(app)
+	h := newMiddleware(t, pool, producer.Config{}, observedBy(got.observe)).Wrap(app)
 
 	w := req{path: "/ok", key: key("k1"), body: `{}`}.send(h)
 	if w.Code != http.StatusServiceUnavailable {
@@ -639,23 +662,31 @@ func TestMiddlewareExpiredKey(t *testing.T) {
 func TestMiddlewareConfig(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, pgtest.Options{})
-	if _, err := producer.NewMiddleware(nil, producer.Config{}); err == nil {
+	// The pool and the schema are the installation's, which refuses what no
+	// middleware could use.
+	if _, err := install.New(nil, nil, install.Config{Stream: testStream}); err == nil {
 		t.Error("nil pool accepted")
 	}
+	if _, err := install.New(db.Pool, nil, install.Config{Schema: "Not-A-Schema", Stream: testStream}); err == nil {
+		t.Error("invalid schema accepted")
+	}
+	inst := installOf(t, db.Pool)
 	for _, cfg := range []producer.Config{
 		{Wait: -time.Second},
 		{KeyLifetime: time.Millisecond},
 		{MaxBodyBytes: -1},
 		{MaxResponseBytes: -1},
-		{Schema: "Not-A-Schema"},
 	} {
-		if _, err := producer.NewMiddleware(db.Pool, cfg); err == nil {
+		_, err := producer.NewMiddleware(inst, cfg)
+		if err == nil {
 			t.Errorf("%+v accepted", cfg)
+		} else if !strings.HasPrefix(err.Error(), "producer: ") {
+			t.Errorf("%+v: error %q lacks the package's prefix", cfg, err)
 		}
 	}
 	c := newMiddleware(t, db.Pool, producer.Config{}).Config()
 	if c.KeyLifetime != producer.DefaultKeyLifetime || c.Wait != producer.DefaultWait || c.MaxBodyBytes != producer.DefaultMaxBodyBytes ||
-		c.MaxResponseBytes != producer.DefaultMaxResponseBytes || c.Scope == nil || c.Logger == nil || c.Outbox == nil {
+		c.MaxResponseBytes != producer.DefaultMaxResponseBytes || c.Scope == nil {
 		t.Errorf("defaults not filled in: %+v", c)
 	}
 	if producer.DefaultKeyLifetime != 48*time.Hour {
@@ -761,17 +792,13 @@ func TestMiddlewareAfterCommit(t *testing.T) {
 // Intent.Enqueue writes the request's message into the outbox inside the request's
 // transaction, stamped with the scoped key: it commits with the stored response,
 // disappears with a rolled-back request, is not written again by a replay, and a
-// subject outside the outbox's Subjects fails the request.
+// subject outside the installation's stream's subjects fails the request.
 func TestIntentEnqueue(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, pgtest.Options{})
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"test.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var failOnce atomic.Bool
 	failOnce.Store(true)
-	h := newMiddleware(t, db.Pool, producer.Config{Outbox: ob, ScopeFromHeader: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, db.Pool, producer.Config{ScopeFromHeader: true}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in, _ := producer.IntentFrom(r.Context())
 		if err := in.Enqueue(r.Context(), r.URL.Query().Get("subject"), []byte(`{"n":1}`), map[string]string{"X-Trace": "t1"}); err != nil {
 			producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
@@ -856,12 +883,12 @@ func TestMiddlewareWakesTheRelayAfterCommit(t *testing.T) {
 }
 
 // With idem's tables in another schema the middleware claims and stores there, and
-// its default outbox writes there too.
+// its outbox writes there too.
 func TestMiddlewareInOtherSchema(t *testing.T) {
 	t.Parallel()
 	const schema = "idem_app"
 	db := newDB(t, pgtest.Options{Schema: schema})
-	h := newMiddleware(t, db.Pool, producer.Config{Schema: schema}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, db.Pool, producer.Config{}, func(c *install.Config) { c.Schema = schema }).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in, _ := producer.IntentFrom(r.Context())
 		if err := in.Enqueue(r.Context(), "test.created", []byte(`{}`), nil); err != nil {
 			producer.WriteError(w, http.StatusInternalServerError, "enqueue_failed", err.Error())
@@ -920,7 +947,7 @@ func TestMiddlewareMaxInFlight(t *testing.T) {
 	db := newDB(t, pgtest.Options{})
 	entered, release := make(chan struct{}), make(chan struct{})
 	var got outcomes
-	h := newMiddleware(t, db.Pool, producer.Config{MaxInFlight: 1, Observer: got.observe}).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := newMiddleware(t, db.Pool, producer.Config{MaxInFlight: 1}, observedBy(got.observe)).Wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			entered <- struct{}{}
 			<-release

@@ -129,7 +129,7 @@ func TestRequestCostsTwoRoundTripsOfItsOwn(t *testing.T) {
 		if !ok {
 			return
 		}
-		if err := in.Enqueue(r.Context(), "idem.charges.requested", []byte(`{}`), nil); err != nil {
+		if err := in.Enqueue(r.Context(), "test.charges.requested", []byte(`{}`), nil); err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
