@@ -103,7 +103,7 @@ func (w *Worker) judgeLifetimes(maxAge time.Duration, registered []registry.Cons
 		}
 	}
 	if len(others) > 0 {
-		j.fixes = append(j.fixes, fmt.Sprintf("%s registered by another process of this installation: fix its configuration and restart it (it registers itself again), or, if it was retired, remove it from the registry (registry.Forget)",
+		j.fixes = append(j.fixes, fmt.Sprintf("%s registered by another process of this installation: fix its configuration and restart it (it registers itself again), or, if it was retired, remove it from the registry (consumer.Forget)",
 			strings.Join(others, ", ")))
 	}
 	return j

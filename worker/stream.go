@@ -112,7 +112,7 @@ func (w *Worker) prepareStream(ctx context.Context) (*jetstream.StreamInfo, erro
 		if j := w.judgeLifetimes(configured, registered); !j.ok() {
 			err := fmt.Errorf("worker: refusing to start: stream %s does not exist, and was not created, since its configured MaxAge %s breaks the lifetime invariant: %w", name, configured, j.err())
 			if j.streamBound() {
-				err = fmt.Errorf("%w; Config.Stream.MaxAge must be shorter than %s", err, j.shortest)
+				err = fmt.Errorf("%w; install.Config.Stream.MaxAge must be shorter than %s", err, j.shortest)
 			}
 			return nil, err
 		}
