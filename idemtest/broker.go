@@ -14,7 +14,6 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/outbox"
 )
 
 // run is one consumer instance.
@@ -26,11 +25,10 @@ type run struct {
 
 func (ck *check) startConsumer(ctx context.Context) error {
 	cfg := ck.p.cfg
-	cfg.Observer = idem.Observers(ck.out.observe, cfg.Observer)
 	if cfg.External != nil {
 		cfg.External = lostResponse{h: cfg.External, shot: ck.before}
 	}
-	c, err := consumer.New(ck.env.Pool, ck.env.JS, cfg)
+	c, err := consumer.New(ck.p.inst.Observing(ck.out.observe), cfg)
 	if err != nil {
 		return fmt.Errorf("idemtest: %w", err)
 	}
@@ -75,7 +73,7 @@ func (ck *check) createStream(ctx context.Context) error {
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("idemtest: look up stream %s: %w", name, err)
 	}
-	if _, err := outbox.EnsureStream(ctx, ck.env.JS, ck.p.stream); err != nil {
+	if _, err := ck.p.inst.EnsureStream(ctx); err != nil {
 		return fmt.Errorf("idemtest: %w", err)
 	}
 	return nil

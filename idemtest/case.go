@@ -5,15 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/install"
 )
 
 // Timings the kit gives a Case's consumer where the user left them zero, so that a
@@ -29,24 +27,22 @@ const (
 // runs out fails its scenario; the check does not hang.
 const DefaultTimeout = 30 * time.Second
 
-// DefaultStream is the stream a check creates when neither Case.Stream.Name nor
-// Case.Consumer.Stream names one.
+// DefaultStream is the stream a check creates when Case.Stream.Name is empty.
 const DefaultStream = "IDEMTEST"
 
 // Case is one handler to check: the user's consumer and one message of the kind it
 // consumes.
 type Case struct {
 	// Consumer is the user's consumer: Name, Subject and exactly one of Handler,
-	// BatchHandler and External. The kit fills in Stream (see Stream) and Schema
-	// (the Env's) when they are empty, and shortens AckWait, Backoff and LeaseFor
-	// when they are zero (ShortAckWait, ShortBackoff, ShortLeaseFor). Its Logger
-	// defaults to discarding; set one to see the consumer's log. Its Observer, if
-	// set, still receives every event.
+	// BatchHandler and External. The check runs it in an installation of the
+	// Env's schema on Stream, and shortens AckWait, Backoff and LeaseFor when they
+	// are zero (ShortAckWait, ShortBackoff, ShortLeaseFor). Its log goes to
+	// Config.Logger.
 	Consumer consumer.Config
 	// Stream is the JetStream stream the check creates for its messages, and
-	// deletes when it ends. Name defaults to Consumer.Stream, else DefaultStream;
-	// Subjects to []string{Consumer.Subject}. It must not exist on the Env yet.
-	Stream outbox.StreamConfig
+	// deletes when it ends. Name defaults to DefaultStream, Subjects to
+	// []string{Consumer.Subject}. It must not exist on the Env yet.
+	Stream install.Stream
 	// Message is what the producer would send: Subject (a literal subject the
 	// consumer's filter matches) and Payload are required; Key defaults to a fresh
 	// idem.NewKey() (it may be a scoped key, see idem.ScopedKey); Headers travel
@@ -83,8 +79,10 @@ func KeyFor(key, purpose string) string {
 
 // plan is a validated Case with its defaults filled in and its keys minted.
 type plan struct {
-	cfg      consumer.Config
-	stream   outbox.StreamConfig
+	cfg consumer.Config
+	// inst is the check's installation: the Env's tables, the Case's stream.
+	inst     *install.Installation
+	stream   install.Stream
 	msg      idem.Message
 	changed  []byte
 	external bool
@@ -158,7 +156,7 @@ func newPlan(env *Env, c Case) (*plan, error) {
 	if err := p.fillConsumer(env, c); err != nil {
 		return nil, err
 	}
-	if err := p.fillStream(c.Stream); err != nil {
+	if err := p.fillStream(env, c.Stream); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -166,20 +164,6 @@ func newPlan(env *Env, c Case) (*plan, error) {
 
 func (p *plan) fillConsumer(env *Env, c Case) error {
 	cfg := c.Consumer
-	switch {
-	case cfg.Schema == "":
-		cfg.Schema = env.Schema
-	case pgschema.Name(cfg.Schema) != env.Schema:
-		return fmt.Errorf("idemtest: Case.Consumer.Schema is %q but the Env's idem tables are in %q (leave it empty)", cfg.Schema, env.Schema)
-	}
-	switch {
-	case c.Stream.Name != "" && cfg.Stream != "" && c.Stream.Name != cfg.Stream:
-		return fmt.Errorf("idemtest: Case.Stream.Name %q and Case.Consumer.Stream %q differ", c.Stream.Name, cfg.Stream)
-	case c.Stream.Name != "":
-		cfg.Stream = c.Stream.Name
-	case cfg.Stream == "":
-		cfg.Stream = DefaultStream
-	}
 	if cfg.AckWait == 0 {
 		cfg.AckWait = ShortAckWait
 	}
@@ -189,12 +173,14 @@ func (p *plan) fillConsumer(env *Env, c Case) error {
 	if cfg.LeaseFor == 0 {
 		cfg.LeaseFor = ShortLeaseFor
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	// consumer.New validates the rest (Name, Subject, one handler, sizes) without
-	// touching the broker.
-	if _, err := consumer.New(env.Pool, env.JS, cfg); err != nil {
+	// touching the broker; any stream will do for that, so the Case's own, which
+	// defaults from the consumer's Subject, is checked after it.
+	probe, err := env.installation(install.Stream{Name: DefaultStream, Subjects: []string{">"}})
+	if err != nil {
+		return fmt.Errorf("idemtest: %w", err)
+	}
+	if _, err := consumer.New(probe, cfg); err != nil {
 		return fmt.Errorf("idemtest: Case.Consumer: %w", err)
 	}
 	if !idem.SubjectMatches(cfg.Subject, p.msg.Subject) {
@@ -205,17 +191,20 @@ func (p *plan) fillConsumer(env *Env, c Case) error {
 	return nil
 }
 
-func (p *plan) fillStream(s outbox.StreamConfig) error {
-	s.Name = p.cfg.Stream
+func (p *plan) fillStream(env *Env, s install.Stream) error {
+	if s.Name == "" {
+		s.Name = DefaultStream
+	}
 	if len(s.Subjects) == 0 {
 		s.Subjects = []string{p.cfg.Subject}
 	}
-	if err := s.Validate(); err != nil {
+	inst, err := env.installation(s)
+	if err != nil {
 		return fmt.Errorf("idemtest: Case.Stream: %w", err)
 	}
 	if !idem.SubjectUnder(s.Subjects, p.msg.Subject) {
 		return fmt.Errorf("idemtest: Case.Message.Subject %q is outside Case.Stream.Subjects %q", p.msg.Subject, s.Subjects)
 	}
-	p.stream = s
+	p.stream, p.inst = s, inst
 	return nil
 }

@@ -37,9 +37,10 @@
 //
 // # Scenarios
 //
-// A check runs, in order, with the consumer the user configured (the kit fills in
-// the stream and the schema and, where left zero, shortens AckWait, Backoff and
-// LeaseFor so a check takes seconds):
+// A check runs, in order, with the consumer the user configured, in an
+// installation (package install) of the Env's schema on the Case's stream (where
+// left zero, the kit shortens AckWait, Backoff and LeaseFor so a check takes
+// seconds):
 //
 //  1. FirstDelivery: the message is published as the relay publishes it (the
 //     scoped key in Idempotency-Key, Nats-Msg-Id = idem.MsgID(subject, key)).

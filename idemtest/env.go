@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
@@ -34,11 +36,13 @@ type Config struct {
 	// (default $DATABASE_URL, else DefaultDatabaseURL). Its role must be allowed to
 	// CREATE DATABASE. The database named in the URL is only used to connect.
 	DatabaseURL string
-	// Schema is the Postgres schema of the idem_* tables (default public). The
-	// consumers of a Case are given it when their Config.Schema is empty.
+	// Schema is the Postgres schema of the idem_* tables (default public): the
+	// checks' consumers claim their keys there.
 	Schema string
 	// Migrate creates the user's own tables, after idem's; nil creates none.
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
+	// Logger receives the log of the checks' consumers (default: discarded).
+	Logger *slog.Logger
 }
 
 // Env is one isolated world for checks: a fresh Postgres database with idem's
@@ -59,6 +63,7 @@ type Env struct {
 	// Schema is the schema of the idem_* tables ("public" by default).
 	Schema string
 
+	log      *slog.Logger
 	db       *pgtest.DB
 	storeDir string
 	nats     *embeddednats.Server
@@ -82,7 +87,10 @@ func Start(ctx context.Context, cfg Config) (*Env, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("idemtest: Config.Schema: %w", err)
 	}
-	e := &Env{Schema: pgschema.Name(cfg.Schema)}
+	e := &Env{Schema: pgschema.Name(cfg.Schema), log: cfg.Logger}
+	if e.log == nil {
+		e.log = slog.New(slog.DiscardHandler)
+	}
 	if err := e.start(ctx, cfg); err != nil {
 		return nil, errors.Join(err, e.Close())
 	}
@@ -117,6 +125,11 @@ func (e *Env) start(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("idemtest: JetStream: %w", err)
 	}
 	return nil
+}
+
+// installation is the installation of the Env's tables on stream s.
+func (e *Env) installation(s install.Stream) (*install.Installation, error) {
+	return install.New(e.Pool, e.NC, install.Config{Schema: e.Schema, Stream: s, Logger: e.log})
 }
 
 // New is Start for a test: it fails t at once if the Env cannot be started, and

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -15,11 +16,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/outbox"
 )
 
 // The kit's own proof: a well-behaved handler passes every scenario, and each kind
@@ -114,6 +115,8 @@ func TestWellBehavedHandlerPasses(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
+			logs := &syncBuffer{}
+			tc.cfg.Logger = slog.New(slog.NewTextHandler(logs, nil))
 			env := setup(t, tc.cfg)
 			c := tc.c(idemtest.Case{
 				Consumer: consumer.Config{Name: "shipping", Subject: subject, BatchHandler: rowsBatch{}},
@@ -121,6 +124,9 @@ func TestWellBehavedHandlerPasses(t *testing.T) {
 				Effects:  countRows,
 			})
 			r := env.AssertOnce(t, c)
+			if !strings.Contains(logs.String(), "consumer started") || !strings.Contains(logs.String(), "consumer=shipping") {
+				t.Errorf("Config.Logger did not receive the consumer's log:\n%s", logs.String())
+			}
 			if !slices.Equal(names(r), inTxNames) {
 				t.Errorf("scenarios = %q, want %q", names(r), inTxNames)
 			}
@@ -206,6 +212,24 @@ func TestEffectOutsideTheTransactionFailsCrashBeforeCommit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// syncBuffer collects log lines from any goroutine.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // callLog counts calls per key: a stand-in for a system outside the transaction.
@@ -445,8 +469,7 @@ func TestCaseValidation(t *testing.T) {
 		{"two handlers", func(c *idemtest.Case) { c.Consumer.Handler = rowHandler }, "set exactly one of Handler, BatchHandler and External"},
 		{"subject outside the filter", func(c *idemtest.Case) { c.Consumer.Subject = "payments.>" }, `is not matched by Case.Consumer.Subject "payments.>"`},
 		{"subject outside the stream", func(c *idemtest.Case) { c.Stream.Subjects = []string{"payments.>"} }, "is outside Case.Stream.Subjects"},
-		{"other schema", func(c *idemtest.Case) { c.Consumer.Schema = "elsewhere" }, `the Env's idem tables are in "public"`},
-		{"stream names differ", func(c *idemtest.Case) { c.Consumer.Stream, c.Stream.Name = "A", "B" }, "Case.Stream.Name \"B\" and Case.Consumer.Stream \"A\" differ"},
+		{"negative stream MaxAge", func(c *idemtest.Case) { c.Stream.MaxAge = -time.Hour }, "Case.Stream: install: stream IDEMTEST: MaxAge"},
 	}
 	for _, tc := range cases {
 		c := valid()
@@ -473,7 +496,7 @@ func TestCaseValidation(t *testing.T) {
 	}
 
 	// A stream the check did not create is not the check's to delete.
-	if _, err := outbox.EnsureStream(t.Context(), env.JS, outbox.StreamConfig{Name: idemtest.DefaultStream, Subjects: []string{"orders.>"}}); err != nil {
+	if _, err := env.JS.CreateStream(t.Context(), jetstream.StreamConfig{Name: idemtest.DefaultStream, Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := idemtest.Check(t.Context(), env, valid()); err == nil || !strings.Contains(err.Error(), "already exists") {

@@ -6,7 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
 )
 
 // pollEvery is how often a wait re-reads its condition.
@@ -86,7 +85,7 @@ func (ck *check) durableState(ctx context.Context) string {
 }
 
 // counts is a snapshot of outcome counts.
-type counts map[string]int
+type counts map[idem.Outcome]int
 
 func (c counts) settled() int {
 	return c[idem.OutcomeProcessed] + c[idem.OutcomeDuplicate] + c[idem.OutcomeDeadLettered]
@@ -96,11 +95,11 @@ func (c counts) String() string {
 	if len(c) == 0 {
 		return "none"
 	}
-	names := make([]string, 0, len(c))
+	names := make([]idem.Outcome, 0, len(c))
 	for k := range c {
 		names = append(names, k)
 	}
-	sort.Strings(names)
+	slices.Sort(names)
 	parts := make([]string, len(names))
 	for i, k := range names {
 		parts[i] = fmt.Sprintf("%s=%d", k, c[k])

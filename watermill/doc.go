@@ -41,10 +41,13 @@
 //     together with the handler's own writes: there is no moment at which one exists
 //     without the other.
 //
-// Set [Config].Schema when idem's tables live outside the public schema.
-// [Config].KeyLifetime must outlast every window in which the broker can deliver the
-// message again; check it at start-up with dedupe.Lifetimes.Check (package worker
-// does so for idem's own consumers, but your Watermill broker is not one of them).
+// The middleware takes the service's *install.Installation, which names the pool,
+// the schema of idem's tables and the stream: it needs no NATS connection of its
+// own, since it only reads and writes the tables (install.New accepts a nil one).
+// [Config].KeyLifetime must outlast every window in which the broker can deliver
+// the message again; check it at start-up with dedupe.Lifetimes.Check (package
+// worker does so for idem's own consumers, but your Watermill broker is not one of
+// them).
 //
 // # Wiring
 //
@@ -63,7 +66,7 @@
 //			Multiplier:      2,
 //			ShouldRetry:     func(p middleware.RetryParams) bool { return !idemwatermill.IsPermanent(p.Err) },
 //		}.Middleware,
-//		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "orders"}), // innermost
+//		idemwatermill.Middleware(inst, idemwatermill.Config{Consumer: "orders"}), // innermost
 //	)
 //
 // A transient error that outlives the retries is returned to the router, which nacks
@@ -74,11 +77,10 @@
 // By default, messages a handler returns are published by the router after the
 // middleware has committed, outside the transaction. If that publish fails the
 // router nacks, the redelivery is a duplicate, and the returned messages are not
-// produced again: they are lost. Set [Config].OutboxSubject (and [Config].Outbox,
-// the service's *outbox.Outbox) and the middleware writes them into idem's outbox
-// inside the transaction instead — they commit with the claim and the business rows
-// or not at all, the router gets none, and idem's relay publishes them to
-// JetStream. A returned message without a key gets [DerivedKey] (consumer, incoming
+// produced again: they are lost. Set [Config].OutboxSubject and the middleware
+// writes them into the installation's outbox inside the transaction instead — they
+// commit with the claim and the business rows or not at all, the router gets none,
+// and idem's relay publishes them to JetStream. A returned message without a key gets [DerivedKey] (consumer, incoming
 // key, position) in the incoming scope, so downstream consumers can fold them too.
 // For several subjects, write from inside the handler with [NewOutboxPublisher] on
 // the transaction from [TxFromContext].
@@ -86,7 +88,8 @@
 // # The outbox publisher
 //
 // [OutboxPublisher] maps a Watermill message onto an idem.Message and writes it
-// through an *outbox.Outbox, so the outbox's Schema and stream Subjects apply: the
+// through an *outbox.Outbox, so its installation's schema and stream subjects
+// apply: the
 // topic is the JetStream subject, any literal subject under the stream's subjects
 // (for example "orders.created" on a stream of "orders.>"; the topology is yours);
 // metadata "Idempotency-Key" is the key (required: a Watermill message UUID is not
@@ -98,10 +101,12 @@
 //
 // # Delivery proof
 //
-// idem's reconciler (package reconcile) completes a published intent once every
-// registered consumer that reads its subject has settled its key. The middleware
-// does not know the stream or subjects its router subscribes to, so it does not
-// register itself: call registry.Register with Config.Consumer, the stream and the
-// subscription's filter before the router starts, or the reconciler never waits for
-// it (and reports intents only it reads as unrouted).
+// idem's reconciler completes a published intent once every consumer registered
+// in the installation that reads its subject has settled its key. The middleware
+// does not register itself (it does not know the subjects its router subscribes
+// to), and idem has no public call to register it, so the reconciler does not wait
+// for it: an intent read by an idem consumer as well is completed once that one has
+// settled it, and one only Watermill handlers read is reported unrouted, then
+// dead-lettered past its horizon. List the subjects only Watermill handlers read in
+// worker.ReconcileConfig.Trusted: their intents are then complete once published.
 package idemwatermill

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
@@ -34,14 +35,16 @@ func Example() {
 	pool, drop := exampleDB() // a fresh database migrated with migrations.Apply
 	defer drop()
 
-	// The service's own table and the service's outbox, for its stream "orders.>".
+	// The service's own table, its installation (idem's tables and its stream
+	// "orders.>"; no NATS connection here, where nothing relays) and its outbox.
 	if _, err := pool.Exec(ctx, `CREATE TABLE billed (idempotency_key text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"orders.>"}})
+	inst, err := install.New(pool, nil, install.Config{Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}}})
 	if err != nil {
 		log.Fatal(err)
 	}
+	ob := outbox.New(inst)
 
 	// Any Watermill pub/sub works (Kafka, AMQP, NATS...); gochannel keeps the example
 	// self-contained. Persistent keeps poison messages although nobody subscribes
@@ -67,7 +70,7 @@ func Example() {
 			Multiplier:      2,
 			ShouldRetry:     func(p middleware.RetryParams) bool { return !idemwatermill.IsPermanent(p.Err) },
 		}.Middleware,
-		idemwatermill.Middleware(pool, idemwatermill.Config{Consumer: "billing"}),
+		idemwatermill.Middleware(inst, idemwatermill.Config{Consumer: "billing"}),
 	)
 
 	router.AddConsumerHandler("bill", "orders.created", pubSub, func(msg *message.Message) error {
@@ -142,10 +145,13 @@ func ExampleNewOutboxPublisher() {
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (idempotency_key text PRIMARY KEY, account text NOT NULL, amount_cents bigint NOT NULL)`); err != nil {
 		log.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"orders.>"}})
+	// The service's installation (no NATS connection here, where nothing relays)
+	// and its outbox, for its stream "orders.>".
+	inst, err := install.New(pool, nil, install.Config{Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}}})
 	if err != nil {
 		log.Fatal(err)
 	}
+	ob := outbox.New(inst)
 
 	// Minted with idem.NewKey when the user pressed "order", journaled before the
 	// first send; fixed here so that the output is stable.

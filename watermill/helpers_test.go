@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
@@ -148,15 +149,24 @@ func effects(t *testing.T, db *pgtest.DB) int {
 	return db.Count(t, `SELECT count(*) FROM public.order_effects`)
 }
 
-// newOutbox returns the service's outbox: idem's tables in schema, messages
-// refused unless they lie on the ORDERS stream.
-func newOutbox(t *testing.T, schema string) *outbox.Outbox {
+// newInst returns the service's installation on db: idem's tables in schema, the
+// ORDERS stream, a quiet logger. It has no NATS connection: the middleware and the
+// outbox only read and write the tables.
+func newInst(t *testing.T, db *pgtest.DB, schema string) *install.Installation {
 	t.Helper()
-	ob, err := outbox.New(outbox.Config{Schema: schema, Subjects: []string{streamSubjects}})
+	inst, err := install.New(db.Pool, nil, install.Config{Schema: schema,
+		Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}, Logger: quiet()})
 	if err != nil {
-		t.Fatalf("new outbox: %v", err)
+		t.Fatalf("new installation: %v", err)
 	}
-	return ob
+	return inst
+}
+
+// newOutbox returns the service's outbox on db (idem's tables in public): messages
+// refused unless they lie on the ORDERS stream.
+func newOutbox(t *testing.T, db *pgtest.DB) *outbox.Outbox {
+	t.Helper()
+	return outbox.New(newInst(t, db, ""))
 }
 
 // execer is a pool or a transaction.

@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
@@ -49,22 +51,23 @@ func TestProducedMessageReachesTheStreamUnderItsOwnMsgID(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	// The service's installation, with the broker: its relay publishes.
+	inst, err := install.New(db.Pool, nc, install.Config{Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream, err := outbox.EnsureStream(ctx, js, outbox.StreamConfig{Name: streamName, Subjects: []string{streamSubjects}})
+	stream, err := inst.EnsureStream(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ob := newOutbox(t, "")
-	relay, err := outbox.NewRelay(db.Pool, js, outbox.RelayConfig{Stream: streamName, Logger: quiet()})
+	ob := outbox.New(inst)
+	rl, err := relay.New(inst, relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	drain := func(want int) {
 		t.Helper()
-		n, err := relay.Drain(ctx)
+		n, err := rl.Drain(ctx)
 		if err != nil || n != want {
 			t.Fatalf("relay published %d rows (err %v), want %d", n, err, want)
 		}
@@ -82,8 +85,8 @@ func TestProducedMessageReachesTheStreamUnderItsOwnMsgID(t *testing.T) {
 	drain(1)
 
 	// The Watermill consumer.
-	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
-		Consumer: consumerName, OutboxSubject: subjectConfirmed, Outbox: ob, Logger: quiet(),
+	mw := idemwatermill.Middleware(inst, idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: subjectConfirmed,
 	})
 	handler := mw(func(m *message.Message) ([]*message.Message, error) {
 		confirmed := message.NewMessage(watermill.NewUUID(), []byte(`{"confirmed":true}`))

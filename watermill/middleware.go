@@ -5,37 +5,34 @@ import (
 	"errors"
 	"fmt"
 
+	"log/slog"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/outbox"
 )
 
 // NewMiddleware returns a router middleware that runs each message's handler inside
-// a Postgres transaction that first claims the message's idempotency key in
-// idem_inbox; see the package documentation. It fails if pool is nil or cfg is
-// invalid.
-func NewMiddleware(pool *pgxpool.Pool, cfg Config) (message.HandlerMiddleware, error) {
-	if pool == nil {
-		return nil, errors.New("idemwatermill: nil pool")
+// a Postgres transaction on inst's pool that first claims the message's
+// idempotency key in inst's idem_inbox; see the package documentation. It logs
+// through inst's logger. It fails if inst is nil or cfg is invalid. inst needs no
+// NATS connection: the middleware only reads and writes the tables.
+func NewMiddleware(inst *install.Installation, cfg Config) (message.HandlerMiddleware, error) {
+	if inst == nil {
+		return nil, errors.New("idemwatermill: nil installation")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ib, err := dedupe.New(dedupe.Config{Schema: cfg.Schema})
-	if err != nil {
-		return nil, fmt.Errorf("idemwatermill: Config.Schema: %w", err)
+	in := &inbox{pool: inst.Pool(), inbox: dedupe.New(inst), cfg: cfg.withDefaults(), log: inst.Logger()}
+	if cfg.OutboxSubject != "" {
+		in.outbox = outbox.New(inst)
 	}
-	ob := cfg.Outbox
-	if ob == nil && cfg.OutboxSubject != "" {
-		if ob, err = outbox.New(outbox.Config{Schema: cfg.Schema}); err != nil {
-			return nil, fmt.Errorf("idemwatermill: %w", err)
-		}
-	}
-	in := &inbox{pool: pool, inbox: ib, outbox: ob, cfg: cfg.withDefaults()}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			return in.handle(next, msg)
@@ -43,7 +40,7 @@ func NewMiddleware(pool *pgxpool.Pool, cfg Config) (message.HandlerMiddleware, e
 	}, nil
 }
 
-// Middleware is NewMiddleware for wiring code: it panics if pool is nil or cfg is
+// Middleware is NewMiddleware for wiring code: it panics if inst is nil or cfg is
 // invalid (a missing Consumer is a programming error, found at start-up).
 //
 // For each message: the key comes from the metadata "Idempotency-Key"; a missing
@@ -55,8 +52,8 @@ func NewMiddleware(pool *pgxpool.Pool, cfg Config) (message.HandlerMiddleware, e
 // msg.Context() (see TxFromContext): a handler error rolls the claim back and is
 // returned unchanged, so the redelivery runs again; success commits the claim with
 // the handler's writes and returns the handler's messages.
-func Middleware(pool *pgxpool.Pool, cfg Config) message.HandlerMiddleware {
-	m, err := NewMiddleware(pool, cfg)
+func Middleware(inst *install.Installation, cfg Config) message.HandlerMiddleware {
+	m, err := NewMiddleware(inst, cfg)
 	if err != nil {
 		panic(err)
 	}
@@ -70,11 +67,12 @@ type inbox struct {
 	inbox  *dedupe.Inbox
 	outbox *outbox.Outbox // nil unless cfg.OutboxSubject is set
 	cfg    Config
+	log    *slog.Logger
 }
 
 func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	ctx := msg.Context()
-	log := in.cfg.Logger.With(
+	log := in.log.With(
 		"consumer", in.cfg.Consumer,
 		"topic", message.SubscribeTopicFromCtx(ctx),
 		"message_uuid", msg.UUID,

@@ -3,6 +3,8 @@ package idemwatermill_test
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"maps"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
@@ -21,7 +24,7 @@ import (
 // newMiddleware returns the middleware under test with consumer consumerName.
 func newMiddleware(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
 	t.Helper()
-	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumerName, Logger: quiet()})
+	mw, err := idemwatermill.NewMiddleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumerName})
 	if err != nil {
 		t.Fatalf("new middleware: %v", err)
 	}
@@ -367,7 +370,7 @@ func TestKeyLifetime(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
 	for consumer, want := range map[string]time.Duration{"default": 0, "short": time.Hour} {
-		mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{Consumer: consumer, KeyLifetime: want, Logger: quiet()})
+		mw, err := idemwatermill.NewMiddleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumer, KeyLifetime: want})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,26 +395,25 @@ func TestKeyLifetime(t *testing.T) {
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
+	inst := newInst(t, db, "")
 	cases := []struct {
 		name string
 		cfg  idemwatermill.Config
 		nil  bool
 	}{
-		{name: "nil pool", cfg: idemwatermill.Config{Consumer: "c"}, nil: true},
+		{name: "nil installation", cfg: idemwatermill.Config{Consumer: "c"}, nil: true},
 		{name: "no consumer", cfg: idemwatermill.Config{}},
 		{name: "negative lifetime", cfg: idemwatermill.Config{Consumer: "c", KeyLifetime: -time.Second}},
 		{name: "wildcard outbox subject", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders.>"}},
 		{name: "outbox subject with an empty token", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders..confirmed"}},
 		{name: "outbox subject with a space", cfg: idemwatermill.Config{Consumer: "c", OutboxSubject: "orders.con firmed"}},
-		{name: "outbox without an outbox subject", cfg: idemwatermill.Config{Consumer: "c", Outbox: newOutbox(t, "")}},
-		{name: "bad schema", cfg: idemwatermill.Config{Consumer: "c", Schema: "Idem-Tables"}},
 	}
 	for _, tc := range cases {
-		pool := db.Pool
+		in := inst
 		if tc.nil {
-			pool = nil
+			in = nil
 		}
-		if _, err := idemwatermill.NewMiddleware(pool, tc.cfg); err == nil {
+		if _, err := idemwatermill.NewMiddleware(in, tc.cfg); err == nil {
 			t.Errorf("%s: NewMiddleware accepted it", tc.name)
 		}
 		func() {
@@ -420,20 +422,28 @@ func TestConfigValidation(t *testing.T) {
 					t.Errorf("%s: Middleware did not panic", tc.name)
 				}
 			}()
-			idemwatermill.Middleware(pool, tc.cfg)
+			idemwatermill.Middleware(in, tc.cfg)
 		}()
 	}
+	// The schema is the installation's: a bad one is refused there.
+	if _, err := install.New(db.Pool, nil, install.Config{Schema: "Idem-Tables",
+		Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}}); err == nil {
+		t.Error("install.New accepted a bad schema")
+	}
 
-	// The topology is the user's: any literal subject is a valid outbox subject,
-	// with or without an outbox of the user's stream.
-	for _, cfg := range []idemwatermill.Config{
-		{Consumer: "c", OutboxSubject: subjectConfirmed},
-		{Consumer: "c", OutboxSubject: "billing.receipts.sent"},
-		{Consumer: "c", OutboxSubject: subjectConfirmed, Outbox: newOutbox(t, "")},
-		{Consumer: "c", Schema: "tenant_tables"},
+	// The topology is the user's: any literal subject is a valid outbox subject
+	// (the installation's outbox refuses, per message, one its stream does not
+	// store), and any schema.
+	for _, tc := range []struct {
+		schema string
+		cfg    idemwatermill.Config
+	}{
+		{"", idemwatermill.Config{Consumer: "c", OutboxSubject: subjectConfirmed}},
+		{"", idemwatermill.Config{Consumer: "c", OutboxSubject: "billing.receipts.sent"}},
+		{"tenant_tables", idemwatermill.Config{Consumer: "c"}},
 	} {
-		if _, err := idemwatermill.NewMiddleware(db.Pool, cfg); err != nil {
-			t.Errorf("NewMiddleware(%+v) refused a valid config: %v", cfg, err)
+		if _, err := idemwatermill.NewMiddleware(newInst(t, db, tc.schema), tc.cfg); err != nil {
+			t.Errorf("NewMiddleware(%+v) in schema %q refused a valid config: %v", tc.cfg, tc.schema, err)
 		}
 	}
 }
@@ -445,8 +455,8 @@ func TestConfigValidation(t *testing.T) {
 func TestProducedMessagesThroughTheOutbox(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
-	mw, err := idemwatermill.NewMiddleware(db.Pool, idemwatermill.Config{
-		Consumer: consumerName, OutboxSubject: subjectConfirmed, Outbox: newOutbox(t, ""), Logger: quiet(),
+	mw, err := idemwatermill.NewMiddleware(newInst(t, db, ""), idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: subjectConfirmed,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -509,7 +519,7 @@ func TestProducedMessagesThroughTheOutbox(t *testing.T) {
 func TestProducedMessageThatCannotBeAHeaderIsPermanent(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
-	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: consumerName, OutboxSubject: subjectConfirmed, Logger: quiet()})
+	mw := idemwatermill.Middleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumerName, OutboxSubject: subjectConfirmed})
 	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
 		out := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		out.Metadata.Set("bad name", "v")
@@ -524,14 +534,14 @@ func TestProducedMessageThatCannotBeAHeaderIsPermanent(t *testing.T) {
 	}
 }
 
-// The outbox given in Config applies its stream subjects: a produced message on a
+// The installation's outbox applies its stream subjects: a produced message on a
 // subject no stream stores is refused with a permanent error (no retry can store
 // it), and the claim is rolled back with everything else.
 func TestProducedMessageOutsideTheStreamIsPermanent(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
-	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
-		Consumer: consumerName, OutboxSubject: "billing.receipts.sent", Outbox: newOutbox(t, ""), Logger: quiet(),
+	mw := idemwatermill.Middleware(newInst(t, db, ""), idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: "billing.receipts.sent",
 	})
 	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, effectInTx(m)
@@ -554,8 +564,8 @@ func TestProducedMessageOutsideTheStreamIsPermanent(t *testing.T) {
 func TestProducedMessagesDropTheIncomingMsgID(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
-	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
-		Consumer: consumerName, OutboxSubject: subjectConfirmed, Outbox: newOutbox(t, ""), Logger: quiet(),
+	mw := idemwatermill.Middleware(newInst(t, db, ""), idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: subjectConfirmed,
 	})
 	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
 		copied := message.NewMessage(watermill.NewUUID(), []byte(`{"confirmed":true}`))
@@ -595,14 +605,14 @@ func TestProducedMessagesDropTheIncomingMsgID(t *testing.T) {
 	}
 }
 
-// Config.Schema puts the claim (and, without an Outbox, the produced messages) in
-// idem's tables of that schema; a middleware of the default schema cannot find them.
+// The installation's schema holds the claim and the produced messages; a
+// middleware of an installation in the default schema cannot find them.
 func TestSchema(t *testing.T) {
 	t.Parallel()
 	const schema = "idem_tables"
 	db := newDB(t, schema)
-	mw := idemwatermill.Middleware(db.Pool, idemwatermill.Config{
-		Consumer: consumerName, Schema: schema, OutboxSubject: subjectConfirmed, Logger: quiet(),
+	mw := idemwatermill.Middleware(newInst(t, db, schema), idemwatermill.Config{
+		Consumer: consumerName, OutboxSubject: subjectConfirmed,
 	})
 	wrapped := mw(func(m *message.Message) ([]*message.Message, error) {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), []byte(`{}`))}, effectInTx(m)
@@ -623,7 +633,7 @@ func TestSchema(t *testing.T) {
 		t.Errorf("rows in %s.idem_outbox = %d, want 1", schema, n)
 	}
 
-	public := idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: consumerName, Logger: quiet()})
+	public := idemwatermill.Middleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumerName})
 	if _, err := public(noPublish(effectInTx))(order("order-11", "acct_1", 1)); err == nil {
 		t.Error("a middleware of the public schema found idem's tables in a database that has them elsewhere")
 	}
@@ -665,4 +675,39 @@ func TestCopiesForOtherConsumersAreSkipped(t *testing.T) {
 			t.Errorf("copy for %q ran the handler: %v, want %v", to, ran, want)
 		}
 	}
+}
+
+// The middleware logs through its installation's logger: a rejected message is
+// logged there, naming the consumer.
+func TestLogsThroughTheInstallation(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, "")
+	var logs strings.Builder
+	var mu sync.Mutex
+	inst, err := install.New(db.Pool, nil, install.Config{Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}},
+		Logger: slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapped := idemwatermill.Middleware(inst, idemwatermill.Config{Consumer: consumerName})(noPublish(effectInTx))
+	if _, err := wrapped(order("", "acct_1", 1)); err == nil {
+		t.Fatal("a message without a key was accepted")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := logs.String(); !strings.Contains(got, "message rejected: no valid idempotency key") || !strings.Contains(got, "consumer="+consumerName) {
+		t.Errorf("the installation's logger got %q, want the rejection naming the consumer", got)
+	}
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -23,8 +23,8 @@ import (
 //
 //   - topic: the JetStream subject, as is. It must be a literal NATS subject
 //     (idem.ValidateSubject: dot-separated tokens, none empty, no wildcard or
-//     whitespace), e.g. "orders.created", and lie under the stream subjects the
-//     Outbox was configured with. The subjects are yours; nothing is prefixed.
+//     whitespace), e.g. "orders.created", and lie under the stream subjects of
+//     the Outbox's installation. The subjects are yours; nothing is prefixed.
 //   - metadata "Idempotency-Key": the key. Required; the message UUID is not used
 //     in its place. It may be a scoped key (as idem's relay stamps it on the
 //     messages a Watermill subscriber receives); metadata "Idempotency-Scope",
@@ -54,10 +54,10 @@ type OutboxPublisher struct {
 
 var _ message.Publisher = (*OutboxPublisher)(nil)
 
-// NewOutboxPublisher returns a publisher writing into ob inside tx. ob carries the
-// Schema of idem's tables and the stream Subjects that topics must lie under; use
-// the service's one outbox. In a handler run by Middleware, pass the transaction
-// from TxFromContext.
+// NewOutboxPublisher returns a publisher writing into ob inside tx. ob (outbox.New
+// of the service's installation) carries the schema of idem's tables and the
+// stream subjects that topics must lie under. In a handler run by Middleware, pass
+// the transaction from TxFromContext.
 func NewOutboxPublisher(ob *outbox.Outbox, tx pgx.Tx) *OutboxPublisher {
 	return &OutboxPublisher{ob: ob, tx: tx}
 }

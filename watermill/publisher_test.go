@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
@@ -29,7 +30,7 @@ func orderIntent(t *testing.T, db *pgtest.DB, msgs ...*message.Message) pgx.Tx {
 	if err := insertEffect(ctx, tx, msgs[0]); err != nil {      // the business row
 		t.Fatal(err)
 	}
-	pub := idemwatermill.NewOutboxPublisher(newOutbox(t, ""), tx)
+	pub := idemwatermill.NewOutboxPublisher(newOutbox(t, db), tx)
 	if err := pub.Publish(topic, msgs...); err != nil {
 		t.Fatalf("publish: %v", err)
 	}
@@ -135,7 +136,7 @@ func TestOutboxPublisherRejectsBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
-	pub := idemwatermill.NewOutboxPublisher(newOutbox(t, ""), tx)
+	pub := idemwatermill.NewOutboxPublisher(newOutbox(t, db), tx)
 
 	withMeta := func(k, v string) *message.Message {
 		m := order("key-1", "acct_1", 1)
@@ -184,7 +185,7 @@ func TestOutboxPublisherRejectsBadInput(t *testing.T) {
 	if err := pub.Publish(topic, order("key-2", "acct_1", 1)); err == nil {
 		t.Error("a closed publisher accepted a message")
 	}
-	if err := idemwatermill.NewOutboxPublisher(newOutbox(t, ""), nil).Publish(topic, order("key-3", "acct_1", 1)); err == nil {
+	if err := idemwatermill.NewOutboxPublisher(newOutbox(t, db), nil).Publish(topic, order("key-3", "acct_1", 1)); err == nil {
 		t.Error("a publisher without a transaction accepted a message")
 	}
 	if err := idemwatermill.NewOutboxPublisher(nil, tx).Publish(topic, order("key-4", "acct_1", 1)); err == nil {
@@ -198,17 +199,19 @@ func TestOutboxPublisherRejectsBadInput(t *testing.T) {
 	}
 }
 
-// The topology is the user's: any literal subject is accepted by an outbox that
-// does not restrict subjects, and the publisher writes into the outbox's schema.
+// The topology is the user's: any literal subject under the stream of the
+// outbox's installation is accepted, and the publisher writes into the
+// installation's schema.
 func TestOutboxPublisherUsesTheOutboxTopologyAndSchema(t *testing.T) {
 	t.Parallel()
 	const schema = "idem_tables"
 	db := newDB(t, schema)
 	ctx := context.Background()
-	ob, err := outbox.New(outbox.Config{Schema: schema})
+	inst, err := install.New(db.Pool, nil, install.Config{Schema: schema, Stream: install.Stream{Name: "BILLING", Subjects: []string{"billing.>"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	ob := outbox.New(inst)
 	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		return idemwatermill.NewOutboxPublisher(ob, tx).Publish("billing.invoices.issued", order("key-1", "acct_1", 1))
 	})
@@ -228,7 +231,7 @@ func TestHandlerWritesOutboxInTheInboxTransaction(t *testing.T) {
 	t.Parallel()
 	db := newDB(t, "")
 	ps := newPubSub()
-	ob := newOutbox(t, "")
+	ob := newOutbox(t, db)
 	var calls atomic.Int64
 	handler := func(msg *message.Message) error {
 		tx, ok := idemwatermill.TxFromContext(msg.Context())

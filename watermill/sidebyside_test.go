@@ -20,7 +20,7 @@ import (
 type contender struct {
 	name string
 	// middleware returns the strategy's router middleware.
-	middleware func(db *pgtest.DB) message.HandlerMiddleware
+	middleware func(t *testing.T, db *pgtest.DB) message.HandlerMiddleware
 	// effect is the handler's side effect: through the pool for the Deduplicator,
 	// which has no transaction, through the idem transaction for the adapter.
 	effect func(db *pgtest.DB) message.NoPublishHandlerFunc
@@ -31,7 +31,7 @@ type contender struct {
 func watermillDefault() contender {
 	return contender{
 		name: "watermill Deduplicator, default payload-hash key",
-		middleware: func(*pgtest.DB) message.HandlerMiddleware {
+		middleware: func(*testing.T, *pgtest.DB) message.HandlerMiddleware {
 			return (&middleware.Deduplicator{}).Middleware
 		},
 		effect: effectViaPool,
@@ -43,7 +43,7 @@ func watermillDefault() contender {
 func watermillByKey() contender {
 	return contender{
 		name: "watermill Deduplicator keyed on Idempotency-Key metadata",
-		middleware: func(*pgtest.DB) message.HandlerMiddleware {
+		middleware: func(*testing.T, *pgtest.DB) message.HandlerMiddleware {
 			d := &middleware.Deduplicator{KeyFactory: middleware.NewMessageHasherFromMetadataField(idem.HeaderKey)}
 			return d.Middleware
 		},
@@ -55,8 +55,8 @@ func watermillByKey() contender {
 func adapter() contender {
 	return contender{
 		name: "idemwatermill.Middleware",
-		middleware: func(db *pgtest.DB) message.HandlerMiddleware {
-			return idemwatermill.Middleware(db.Pool, idemwatermill.Config{Consumer: consumerName, Logger: quiet()})
+		middleware: func(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
+			return idemwatermill.Middleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumerName})
 		},
 		effect: func(*pgtest.DB) message.NoPublishHandlerFunc { return effectInTx },
 	}
@@ -90,7 +90,7 @@ func TestTransientFailureLosesMessageOnlyWithWatermillDeduplicator(t *testing.T)
 			db := newDB(t, "")
 			ps := newPubSub()
 			h := &flaky{failures: 1, next: tc.effect(db)}
-			startRouter(t, ps, h.handle, tc.middleware(db))
+			startRouter(t, ps, h.handle, tc.middleware(t, db))
 
 			// Returns once the message is acked: processed or dropped.
 			publish(t, ps, order(idem.NewKey().String(), "acct_1", 1250))
@@ -127,7 +127,7 @@ func TestIdenticalPaymentsFoldedOnlyByPayloadHash(t *testing.T) {
 			db := newDB(t, "")
 			ps := newPubSub()
 			h := &flaky{next: tc.effect(db)}
-			startRouter(t, ps, h.handle, tc.middleware(db))
+			startRouter(t, ps, h.handle, tc.middleware(t, db))
 
 			first, second := order("device-a-press-1", "acct_1", 1250), order("device-b-press-1", "acct_1", 1250)
 			if string(first.Payload) != string(second.Payload) {

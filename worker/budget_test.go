@@ -21,15 +21,15 @@ import (
 func TestNewPoolSizesThePoolFromTheConfig(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
+	cfg := ordersConfig()
 	cfg.Consumers = append(cfg.Consumers, consumer.Config{Name: "mailer", Subject: "orders.created",
 		External: consumer.ExternalHandlerFunc(func(context.Context, *consumer.Effect) ([]byte, error) { return nil, nil })})
 	// shipping 2, mailer 1, relay 2, collector 1, health 1 = 7; the ingress gets pgxpool's default.
 	const reserved = 7
 	pgxDefault := max(4, runtime.NumCPU())
 	var logs strings.Builder
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	icfg := ordersInstall("")
+	icfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 
 	for _, tc := range []struct {
 		name     string
@@ -50,7 +50,7 @@ func TestNewPoolSizesThePoolFromTheConfig(t *testing.T) {
 		if got := int(pool.Config().MaxConns); got != tc.maxConns {
 			t.Errorf("%s: MaxConns = %d, want %d", tc.name, got, tc.maxConns)
 		}
-		w, err := worker.New(pool, env.NC, cfg)
+		w, err := worker.New(newInst(t, pool, env.NC, icfg), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
@@ -41,8 +41,14 @@ func Example() {
 		_, err := tx.Exec(ctx, `INSERT INTO shipments VALUES ($1, $2)`, d.Key, string(d.Payload))
 		return nil, err
 	}
-	w, err := worker.New(env.Pool, env.NC, worker.Config{
-		Stream:    outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
+	// The installation: idem's tables in the pool's database, the service's stream.
+	inst, err := install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	w, err := worker.New(inst, worker.Config{
 		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship)}},
 		Ingress:   &producer.Config{},
 	})

@@ -23,10 +23,9 @@ import (
 // wrapped. Not parallel: the message goes to slog's default logger, swapped here.
 func TestIngressLeftOutSaysSo(t *testing.T) {
 	env := testenv.New(t)
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
+	cfg := ordersConfig()
 	cfg.Ingress = nil
-	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	w, err := worker.New(newInst(t, env.DB.Pool, env.NC, ordersInstall("")), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

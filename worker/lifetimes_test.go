@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/registry"
-
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/worker"
 )
@@ -42,10 +43,11 @@ func (l *logs) count(s string) int { return strings.Count(l.String(), s) }
 
 func (l *logs) logger() *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
 
-// tryStart builds and starts a worker on env, stopping it when the test ends.
-func tryStart(t *testing.T, env *testenv.Env, cfg worker.Config) (*worker.Worker, error) {
+// tryStart builds and starts a worker of the installation icfg describes on env,
+// stopping it when the test ends.
+func tryStart(t *testing.T, env *testenv.Env, icfg install.Config, cfg worker.Config) (*worker.Worker, error) {
 	t.Helper()
-	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	w, err := worker.New(newInst(t, env.DB.Pool, env.NC, icfg), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,17 +116,16 @@ func register(t *testing.T, env *testenv.Env, schema string, c registry.Consumer
 func TestStartJudgesTheMaxAgeBeforeCreatingTheStream(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
-	cfg.Stream.MaxAge = 96 * time.Hour
-	_, err := tryStart(t, env, cfg)
+	icfg, cfg := ordersInstall(""), ordersConfig()
+	icfg.Stream.MaxAge = 96 * time.Hour
+	_, err := tryStart(t, env, icfg, cfg)
 	wantMentions(t, err, "refusing to start", "stream ORDERS does not exist, and was not created",
 		"consumer shipping", "inbox key lifetime 72h0m0s must be longer than the stream's MaxAge 96h0m0s")
 	if _, err := env.JS.Stream(context.Background(), "ORDERS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("after the refusal, stream ORDERS: %v, want it never created", err)
 	}
-	cfg.Stream.MaxAge = 0
-	w, err := tryStart(t, env, cfg)
+	icfg.Stream.MaxAge = 0
+	w, err := tryStart(t, env, icfg, cfg)
 	if err != nil {
 		t.Fatalf("corrected configuration refused: %v", err)
 	}
@@ -146,9 +147,8 @@ func TestStartSaysAStreamMustBeEdited(t *testing.T) {
 	if _, err := env.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, MaxAge: 96 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
-	_, err := tryStart(t, env, cfg)
+	icfg, cfg := ordersInstall(""), ordersConfig()
+	_, err := tryStart(t, env, icfg, cfg)
 	wantMentions(t, err, "refusing to start", "stream ORDERS",
 		"inbox key lifetime 72h0m0s must be longer than the stream's MaxAge 96h0m0s",
 		"the stream itself must be edited", "from its MaxAge 96h0m0s to one shorter than 72h0m0s",
@@ -157,14 +157,14 @@ func TestStartSaysAStreamMustBeEdited(t *testing.T) {
 	// A cause other than the stream's MaxAge does not send the operator to edit it.
 	cfg.ClientResendHorizon = 80 * time.Hour
 	setMaxAge(t, env, "ORDERS", 24*time.Hour)
-	_, err = tryStart(t, env, cfg)
+	_, err = tryStart(t, env, icfg, cfg)
 	wantMentions(t, err, "the client's re-send horizon 80h0m0s")
 	if strings.Contains(err.Error(), "nats stream edit") {
 		t.Errorf("error sends the operator to edit a stream that is not the cause: %v", err)
 	}
 
 	cfg.ClientResendHorizon = 0
-	if _, err := tryStart(t, env, cfg); err != nil {
+	if _, err := tryStart(t, env, icfg, cfg); err != nil {
 		t.Fatalf("refused after the stream was edited: %v", err)
 	}
 }
@@ -178,17 +178,16 @@ func TestConfiguredMaxAgeThatDiffersFromTheStream(t *testing.T) {
 	if _, err := env.JS.CreateStream(context.Background(), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}, MaxAge: 24 * time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
-	cfg.Stream.MaxAge = 96 * time.Hour
-	_, err := tryStart(t, env, cfg)
+	icfg, cfg := ordersInstall(""), ordersConfig()
+	icfg.Stream.MaxAge = 96 * time.Hour
+	_, err := tryStart(t, env, icfg, cfg)
 	wantMentions(t, err, "refusing to start", "the configured MaxAge 96h0m0s differs from stream ORDERS's MaxAge 24h0m0s",
 		"inbox key lifetime 72h0m0s must be longer than the stream's MaxAge 96h0m0s")
 
 	var out logs
-	cfg.Logger = out.logger()
-	cfg.Stream.MaxAge = time.Hour
-	if _, err := tryStart(t, env, cfg); err != nil {
+	icfg.Logger = out.logger()
+	icfg.Stream.MaxAge = time.Hour
+	if _, err := tryStart(t, env, icfg, cfg); err != nil {
 		t.Fatalf("refused: %v", err)
 	}
 	for _, want := range []string{"level=WARN", "configured MaxAge 1h0m0s differs from the stream's MaxAge 24h0m0s", "nats stream edit ORDERS --max-age 1h"} {
@@ -217,7 +216,7 @@ func TestStartJudgesEveryRegisteredConsumer(t *testing.T) {
 		{"another process's inbox shorter than the stream's MaxAge",
 			registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour}, false,
 			[]string{"consumer audit (registered, not run here)", "inbox key lifetime 12h0m0s must be longer than the stream's MaxAge 24h0m0s",
-				"Config.Stream.MaxAge must be shorter than 12h0m0s", "audit registered by another process", "registry.Forget"}},
+				"install.Config.Stream.MaxAge must be shorter than 12h0m0s", "audit registered by another process", "consumer.Forget"}},
 		{"the same, at a worker that runs only the relay",
 			registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour}, true,
 			[]string{"consumer audit (registered, not run here)", "inbox key lifetime 12h0m0s"}},
@@ -236,12 +235,11 @@ func TestStartJudgesEveryRegisteredConsumer(t *testing.T) {
 			t.Parallel()
 			env := testenv.New(t)
 			register(t, env, "", tc.consumer)
-			cfg := ordersConfig(nil)
-			cfg.Schema = ""
+			cfg := ordersConfig()
 			if tc.relay {
 				cfg.Consumers, cfg.Ingress = nil, nil
 			}
-			w, err := tryStart(t, env, cfg)
+			w, err := tryStart(t, env, ordersInstall(""), cfg)
 			if tc.want == nil {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -269,10 +267,11 @@ func TestStartJudgesEveryRegisteredConsumer(t *testing.T) {
 func TestKeeperJudgesTheInvariantAtRuntime(t *testing.T) {
 	t.Parallel()
 	var out logs
-	cfg := ordersConfig(nil)
+	cfg := ordersConfig()
 	cfg.Consumers[0].CheckInterval = 100 * time.Millisecond // the keeper's pace too
-	cfg.Logger = out.logger()
-	o := startOrders(t, cfg)
+	icfg := ordersInstall(ordersSchema)
+	icfg.Logger = out.logger()
+	o := startOrders(t, icfg, cfg)
 	if code, body := readyz(o.w); code != http.StatusOK {
 		t.Fatalf("/readyz = %d %q", code, body)
 	}
@@ -330,7 +329,7 @@ func TestKeeperJudgesTheInvariantAtRuntime(t *testing.T) {
 	if n := out.count(broken); n != 2 {
 		t.Errorf("%d errors logged for two changes, want 2:\n%s", n, out.String())
 	}
-	if _, err := registry.Forget(context.Background(), o.env.DB.Pool, ordersSchema, "audit"); err != nil {
+	if _, err := consumer.Forget(context.Background(), o.w.Installation(), "audit"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "ready again once the consumer was forgotten", func() bool {
@@ -347,9 +346,9 @@ func TestKeeperJudgesTheInvariantAtRuntime(t *testing.T) {
 // unready saying why, until the invariant holds; then it is recreated.
 func TestKeeperDoesNotRecreateAStreamThatBreaksTheInvariant(t *testing.T) {
 	t.Parallel()
-	cfg := ordersConfig(nil)
+	cfg := ordersConfig()
 	cfg.Consumers[0].CheckInterval = 100 * time.Millisecond
-	o := startOrders(t, cfg)
+	o := startOrders(t, ordersInstall(ordersSchema), cfg)
 	ctx := context.Background()
 	register(t, o.env, ordersSchema, registry.Consumer{Name: "audit", Stream: "ORDERS", FilterSubject: "orders.>", KeyLifetime: 12 * time.Hour})
 	if err := o.env.JS.DeleteStream(ctx, "ORDERS"); err != nil {
@@ -366,7 +365,7 @@ func TestKeeperDoesNotRecreateAStreamThatBreaksTheInvariant(t *testing.T) {
 	if _, err := o.env.JS.Stream(ctx, "ORDERS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Fatalf("stream ORDERS: %v, want it not recreated", err)
 	}
-	if _, err := registry.Forget(ctx, o.env.DB.Pool, ordersSchema, "audit"); err != nil {
+	if _, err := consumer.Forget(ctx, o.w.Installation(), "audit"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "stream recreated and the worker ready", func() bool {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // syncBuffer collects log lines from any goroutine.
@@ -56,8 +56,8 @@ func TestWorkerWarnsWhenAConsumerFallsBehind(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	logs := &syncBuffer{}
-	w, err := New(env.DB.Pool, env.NC, Config{
-		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
+	inst := env.Install(t, func(c *install.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) })
+	w, err := New(inst, Config{
 		Consumers: []consumer.Config{
 			{Name: "fast", Subject: testenv.Subject, Handler: consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Delivery) ([]byte, error) {
 				return nil, nil
@@ -73,7 +73,6 @@ func TestWorkerWarnsWhenAConsumerFallsBehind(t *testing.T) {
 		},
 		DisableRelay:     true,
 		DisableRetention: true,
-		Logger:           slog.New(slog.NewTextHandler(logs, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // fakeMono is a monotonic clock the test moves by hand.
@@ -33,7 +32,7 @@ func TestCollectorHoldsWhenTheDatabaseClockJumps(t *testing.T) {
 	env := testenv.New(t)
 	db := env.DB
 	ctx := context.Background()
-	w, err := New(db.Pool, env.NC, Config{Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}})
+	w, err := New(env.Inst, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

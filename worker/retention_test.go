@@ -11,11 +11,11 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
-	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -58,17 +58,13 @@ func TestCollectOnceDeletesExpiredDeadLetters(t *testing.T) {
 
 	var mu sync.Mutex
 	var batches []int // rows per DELETE of idem_dead_letters
-	w, err := worker.New(db.Pool, env.NC, worker.Config{
-		Stream:    outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
-		Retention: worker.RetentionConfig{BatchSize: 1000},
-		Observer: func(e idem.Event) {
-			if e.Component == idem.ComponentCollector && e.Name == "idem_dead_letters" && e.Outcome == idem.OutcomeDeleted {
-				mu.Lock()
-				batches = append(batches, e.Count)
-				mu.Unlock()
-			}
-		},
-	})
+	w, err := worker.New(env.Observed(t, func(e idem.Event) {
+		if e.Component == idem.ComponentCollector && e.Name == "idem_dead_letters" && e.Outcome == idem.OutcomeDeleted {
+			mu.Lock()
+			batches = append(batches, e.Count)
+			mu.Unlock()
+		}
+	}), worker.Config{Retention: worker.RetentionConfig{BatchSize: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,16 +137,13 @@ func TestCollectorOnPartitionedTables(t *testing.T) {
 
 	var mu sync.Mutex
 	dropped := 0
-	w, err := worker.New(db.Pool, env.NC, worker.Config{
-		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
-		Observer: func(e idem.Event) {
-			if e.Component == idem.ComponentCollector && e.Outcome == idem.OutcomeDropped {
-				mu.Lock()
-				dropped += e.Count
-				mu.Unlock()
-			}
-		},
-	})
+	w, err := worker.New(env.Observed(t, func(e idem.Event) {
+		if e.Component == idem.ComponentCollector && e.Outcome == idem.OutcomeDropped {
+			mu.Lock()
+			dropped += e.Count
+			mu.Unlock()
+		}
+	}), worker.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,26 +196,22 @@ func TestCollectorRoundStraddlingConversionKeepsLiveKeys(t *testing.T) {
 
 	converted := false
 	var convErr error
-	w, err := worker.New(db.Pool, env.NC, worker.Config{
-		Stream:    outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
-		Retention: worker.RetentionConfig{BatchSize: batch},
-		Observer: func(e idem.Event) {
-			// After the round's first batch of the inbox: convert, make the days,
-			// and claim live keys in them, at the same ctids as the default's rows.
-			if converted || e.Component != idem.ComponentCollector || e.Name != "idem_inbox" || e.Outcome != idem.OutcomeDeleted {
-				return
-			}
-			converted = true
-			if _, convErr = partition.Convert(ctx, db.Pool, partition.Config{}); convErr != nil {
-				return
-			}
-			if _, convErr = partition.Maintain(ctx, db.Pool, partition.Config{}); convErr != nil {
-				return
-			}
-			_, convErr = db.Pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
-			      SELECT 'c', 'live-' || g, 'test.x', '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, $1::int) g`, live)
-		},
-	})
+	w, err := worker.New(env.Observed(t, func(e idem.Event) {
+		// After the round's first batch of the inbox: convert, make the days,
+		// and claim live keys in them, at the same ctids as the default's rows.
+		if converted || e.Component != idem.ComponentCollector || e.Name != "idem_inbox" || e.Outcome != idem.OutcomeDeleted {
+			return
+		}
+		converted = true
+		if _, convErr = partition.Convert(ctx, db.Pool, partition.Config{}); convErr != nil {
+			return
+		}
+		if _, convErr = partition.Maintain(ctx, db.Pool, partition.Config{}); convErr != nil {
+			return
+		}
+		_, convErr = db.Pool.Exec(ctx, `INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, expires_at)
+		      SELECT 'c', 'live-' || g, 'test.x', '\x00', 'done', now() + interval '72 hours' FROM generate_series(1, $1::int) g`, live)
+	}), worker.Config{Retention: worker.RetentionConfig{BatchSize: batch}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,10 +280,7 @@ func TestCollectorWarnsOfDaysWaitingForTheDefaultPartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
-	w, err := worker.New(db.Pool, env.NC, worker.Config{
-		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}},
-		Logger: slog.New(slog.NewTextHandler(logs, nil)),
-	})
+	w, err := worker.New(env.Install(t, func(c *install.Config) { c.Logger = slog.New(slog.NewTextHandler(logs, nil)) }), worker.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,10 +46,9 @@ func TestStartChecksTheStream(t *testing.T) {
 			if _, err := env.JS.CreateStream(context.Background(), sc); err != nil {
 				t.Fatal(err)
 			}
-			cfg := ordersConfig(nil)
-			cfg.Schema = ""
+			cfg := ordersConfig()
 			cfg.DisableReconciler = tc.noReconcile
-			w, err := worker.New(env.DB.Pool, env.NC, cfg)
+			w, err := worker.New(newInst(t, env.DB.Pool, env.NC, ordersInstall("")), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,9 +72,9 @@ func TestStartChecksTheStream(t *testing.T) {
 // runs, and intents keep shipping once each.
 func TestDeletedStreamAndConsumerAreRecreated(t *testing.T) {
 	t.Parallel()
-	cfg := ordersConfig(nil)
+	cfg := ordersConfig()
 	cfg.Consumers[0].CheckInterval = 100 * time.Millisecond
-	o := startOrders(t, cfg)
+	o := startOrders(t, ordersInstall(ordersSchema), cfg)
 	ctx := context.Background()
 	shipped := func(key string) func() bool {
 		return func() bool {
@@ -121,9 +120,9 @@ func TestDeletedStreamAndConsumerAreRecreated(t *testing.T) {
 // worker is not ready, and says which stream and which consumer.
 func TestReadyzNamesAMissingStreamAndConsumer(t *testing.T) {
 	t.Parallel()
-	cfg := ordersConfig(nil)
+	cfg := ordersConfig()
 	cfg.Consumers[0].CheckInterval = 100 * time.Millisecond
-	o := startOrders(t, cfg)
+	o := startOrders(t, ordersInstall(ordersSchema), cfg)
 	ctx := context.Background()
 	readyz := func() (int, string) {
 		rec := httptest.NewRecorder()
@@ -160,13 +159,14 @@ func TestReadyzNamesAMissingStreamAndConsumer(t *testing.T) {
 }
 
 // With the reconciler (the default), a published row has no expiry until every
-// consumer that reads it has settled it; then its retention starts.
+// consumer that reads it has settled it; then its retention (Retention.Published)
+// starts.
 func TestPublishedRowsAreKeptUntilProven(t *testing.T) {
 	t.Parallel()
-	cfg := ordersConfig(nil)
-	cfg.Reconcile.Interval = 100 * time.Millisecond
-	cfg.Relay.Retention = time.Hour
-	o := startOrders(t, cfg)
+	cfg := ordersConfig()
+	cfg.Reconcile.After = 100 * time.Millisecond // and so a pass every 100ms
+	cfg.Retention.Published = time.Hour
+	o := startOrders(t, ordersInstall(ordersSchema), cfg)
 	if code, _ := o.post(t, "k-1", `{"item":"a"}`); code != http.StatusCreated {
 		t.Fatalf("POST = %d", code)
 	}

@@ -18,12 +18,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/tcpproxy"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -89,26 +91,43 @@ func createOrder(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"order_id":%d}`, id)
 }
 
-func ordersConfig(obs idem.Observer) worker.Config {
+// ordersInstall is the user's installation: its stream, and idem's tables in
+// schema (ordersSchema, or "" where testenv migrated them in public).
+func ordersInstall(schema string) install.Config {
+	return install.Config{Schema: schema, Stream: install.Stream{Name: "ORDERS", Subjects: []string{"orders.>"}}}
+}
+
+// ordersConfig is what the user's worker runs: the shipping consumer and the ingress.
+func ordersConfig() worker.Config {
 	return worker.Config{
-		Schema: ordersSchema,
-		Stream: outbox.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.>"}},
 		Consumers: []consumer.Config{{
 			Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship),
 			AckWait: 2 * time.Second, Backoff: func(int) time.Duration { return 50 * time.Millisecond },
 		}},
-		Ingress:  &producer.Config{},
-		Observer: obs,
+		Ingress: &producer.Config{},
 	}
 }
 
-func startOrders(t *testing.T, cfg worker.Config) *orders {
+// newInst is the installation of pool's database and nc's broker described by cfg.
+func newInst(t *testing.T, pool *pgxpool.Pool, nc *nats.Conn, cfg install.Config) *install.Installation {
+	t.Helper()
+	inst, err := install.New(pool, nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst
+}
+
+// startOrders starts the user's service on a fresh environment: an installation
+// described by icfg (ordersInstall(ordersSchema), with its observer or logger),
+// running cfg.
+func startOrders(t *testing.T, icfg install.Config, cfg worker.Config) *orders {
 	t.Helper()
 	env := testenv.NewWith(t, pgtest.Options{NoMigrate: true}) // the worker migrates
 	if _, err := env.DB.Pool.Exec(context.Background(), sqlOrdersTables); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	w, err := worker.New(newInst(t, env.DB.Pool, env.NC, icfg), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +169,9 @@ func (o *orders) post(t *testing.T, key, body string) (int, bool) {
 func TestUserTopologyThroughTheCompositionRoot(t *testing.T) {
 	t.Parallel()
 	out := &testenv.Outcomes{}
-	o := startOrders(t, ordersConfig(out.Observe))
+	icfg := ordersInstall(ordersSchema)
+	icfg.Observer = out.Observe
+	o := startOrders(t, icfg, ordersConfig())
 
 	k1, k2 := string(idem.NewKey()), string(idem.NewKey())
 	if code, replayed := o.post(t, k1, `{"item":"teapot"}`); code != http.StatusCreated || replayed {
@@ -212,19 +233,19 @@ func TestStartRefusesBadLifetimes(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		mutate func(*worker.Config)
+		mutate func(*install.Config, *worker.Config)
 		want   []string
 	}{
-		{"inbox shorter than the stream's MaxAge", func(c *worker.Config) {
-			c.Stream.MaxAge = 7 * 24 * time.Hour
+		{"inbox shorter than the stream's MaxAge", func(i *install.Config, _ *worker.Config) {
+			i.Stream.MaxAge = 7 * 24 * time.Hour
 		}, []string{"refusing to start", "consumer shipping", "inbox key lifetime 72h0m0s", "MaxAge 168h0m0s"}},
-		{"inbox shorter than the redelivery horizon", func(c *worker.Config) {
+		{"inbox shorter than the redelivery horizon", func(_ *install.Config, c *worker.Config) {
 			c.Consumers[0].AckWait = 10 * time.Hour
 		}, []string{"consumer shipping", "redelivery horizon"}},
-		{"requests shorter than the client's re-send horizon", func(c *worker.Config) {
+		{"requests shorter than the client's re-send horizon", func(_ *install.Config, c *worker.Config) {
 			c.ClientResendHorizon = 60 * time.Hour
 		}, []string{"request key lifetime 48h0m0s", "re-send horizon 60h0m0s"}},
-		{"ingress alone", func(c *worker.Config) {
+		{"ingress alone", func(_ *install.Config, c *worker.Config) {
 			c.Consumers = nil
 			c.Ingress = &producer.Config{KeyLifetime: time.Hour}
 		}, []string{"ingress", "request key lifetime 1h0m0s"}},
@@ -232,10 +253,9 @@ func TestStartRefusesBadLifetimes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			env := testenv.New(t)
-			cfg := ordersConfig(nil)
-			cfg.Schema = ""
-			tc.mutate(&cfg)
-			w, err := worker.New(env.DB.Pool, env.NC, cfg)
+			icfg, cfg := ordersInstall(""), ordersConfig()
+			tc.mutate(&icfg, &cfg)
+			w, err := worker.New(newInst(t, env.DB.Pool, env.NC, icfg), cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -253,31 +273,40 @@ func TestStartRefusesBadLifetimes(t *testing.T) {
 	}
 }
 
+// The worker's setup refuses what cannot work, naming it: the installation's
+// stream and schema (install.New), the worker's own knobs (worker.New).
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	good := ordersConfig(nil)
+	good := ordersConfig()
 	for _, tc := range []struct {
 		name   string
-		mutate func(*worker.Config)
+		mutate func(*install.Config, *worker.Config)
 		want   string
 	}{
-		{"no stream", func(c *worker.Config) { c.Stream = outbox.StreamConfig{} }, "Name is required"},
-		{"bad schema", func(c *worker.Config) { c.Schema = "Orders" }, "lower-case identifier"},
-		{"two consumers, one name", func(c *worker.Config) { c.Consumers = append(c.Consumers, c.Consumers[0]) }, `two consumers are named "shipping"`},
-		{"consumer of another stream", func(c *worker.Config) { c.Consumers[0].Stream = "OTHER" }, "not the worker's stream ORDERS"},
-		{"consumer without a handler", func(c *worker.Config) { c.Consumers[0].Handler = nil }, "exactly one of Handler"},
-		{"negative partition slack", func(c *worker.Config) { c.Retention.Partitions.Ahead = -time.Hour }, "Retention.Partitions"},
+		{"no stream", func(i *install.Config, _ *worker.Config) { i.Stream = install.Stream{} }, "Name is required"},
+		{"bad schema", func(i *install.Config, _ *worker.Config) { i.Schema = "Orders" }, "lower-case identifier"},
+		{"two consumers, one name", func(_ *install.Config, c *worker.Config) { c.Consumers = append(c.Consumers, c.Consumers[0]) }, `two consumers are named "shipping"`},
+		{"consumer without a handler", func(_ *install.Config, c *worker.Config) { c.Consumers[0].Handler = nil }, "exactly one of Handler"},
+		{"negative partition slack", func(_ *install.Config, c *worker.Config) { c.Retention.PartitionsAhead = -time.Hour }, "Retention values must not be negative"},
 	} {
-		cfg := good
+		icfg, cfg := ordersInstall(ordersSchema), good
 		cfg.Consumers = append([]consumer.Config(nil), good.Consumers...)
-		tc.mutate(&cfg)
-		if _, err := worker.New(env.DB.Pool, env.NC, cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+		tc.mutate(&icfg, &cfg)
+		inst, err := install.New(env.DB.Pool, env.NC, icfg)
+		if err == nil {
+			_, err = worker.New(inst, cfg)
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := worker.New(nil, env.NC, good); err == nil {
+	if _, err := install.New(nil, env.NC, ordersInstall(ordersSchema)); err == nil {
 		t.Error("a nil pool was accepted")
+	}
+	if _, err := worker.New(newInst(t, env.DB.Pool, nil, ordersInstall(ordersSchema)), good); err == nil ||
+		!strings.Contains(err.Error(), "no NATS connection") {
+		t.Errorf("an installation without a NATS connection: err = %v", err)
 	}
 }
 
@@ -287,17 +316,16 @@ func TestComponentFailureStopsTheWorker(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	ctx := context.Background()
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
+	inst := newInst(t, env.DB.Pool, env.NC, ordersInstall(""))
 	// Someone else's durable consumer under the same name, with an ack policy that
 	// cannot be changed: the worker's consumer cannot take it over and fails.
-	if _, err := outbox.EnsureStream(ctx, env.JS, cfg.Stream); err != nil {
+	if _, err := inst.EnsureStream(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.JS.CreateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "shipping", AckPolicy: jetstream.AckNonePolicy}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	w, err := worker.New(inst, ordersConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -361,8 +389,7 @@ func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 	exec(`INSERT INTO idem_attempts (consumer, key, message, attempts, expires_at) VALUES
 	      ('c', 'old', 'test.x', 3, now() - interval '1 second'), ('c', 'live', 'test.x', 2, now() + interval '1 hour')`)
 
-	w, err := worker.New(db.Pool, env.NC, worker.Config{
-		Stream: outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}, Retention: worker.RetentionConfig{BatchSize: 1000}})
+	w, err := worker.New(env.Inst, worker.Config{Retention: worker.RetentionConfig{BatchSize: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +428,7 @@ func TestCollectOnceDeletesOnlyExpiredRows(t *testing.T) {
 // silently missing series.
 func TestMetrics(t *testing.T) {
 	t.Parallel()
-	o := startOrders(t, ordersConfig(nil))
+	o := startOrders(t, ordersInstall(ordersSchema), ordersConfig())
 	reg := prometheus.NewRegistry()
 	if err := o.w.RegisterMetrics(reg); err != nil {
 		t.Fatal(err)
@@ -538,17 +565,17 @@ func TestConnectionBudget(t *testing.T) {
 		t.Cleanup(p.Close)
 		return p
 	}
-	cfg := ordersConfig(nil)
-	cfg.Schema = "" // shipping: Concurrency 2; relay 2; collector 1; health 1 = 6
+	cfg := ordersConfig() // shipping: Concurrency 2; relay 2; collector 1; health 1 = 6
+	icfg := ordersInstall("")
 	var logs strings.Builder
-	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	icfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	for _, tc := range []struct {
 		maxConns   int32
 		inFlight   int
 		warnsSmall bool
 	}{{10, 4, false}, {7, 1, false}, {4, 1, true}} {
 		logs.Reset()
-		w, err := worker.New(pool(t, tc.maxConns), env.NC, cfg)
+		w, err := worker.New(newInst(t, pool(t, tc.maxConns), env.NC, icfg), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -567,10 +594,9 @@ func TestConnectionBudget(t *testing.T) {
 func TestEnqueueOfAMessageTooLargeForTheBroker(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
+	cfg := ordersConfig()
 	cfg.Ingress = &producer.Config{MaxBodyBytes: 4 << 20}
-	w, err := worker.New(env.DB.Pool, env.NC, cfg)
+	w, err := worker.New(newInst(t, env.DB.Pool, env.NC, ordersInstall("")), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,9 +651,7 @@ func TestReadyzNamesTheDependencyNotItsError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	cfg := ordersConfig(nil)
-	cfg.Schema = ""
-	w, err := worker.New(pool, env.NC, cfg)
+	w, err := worker.New(newInst(t, pool, env.NC, ordersInstall("")), ordersConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

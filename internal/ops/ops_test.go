@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
@@ -82,6 +83,17 @@ func newReader(t *testing.T, db *pgtest.DB, cfg ops.Config) *ops.Reader {
 	return r
 }
 
+// tables is the installation of db's idem tables in schema, without a NATS
+// connection: ops reads tables only. Its stream takes the test's subjects.
+func tables(t *testing.T, db *pgtest.DB, schema string) *install.Installation {
+	t.Helper()
+	inst, err := install.New(db.Pool, nil, install.Config{Schema: schema, Stream: install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inst
+}
+
 // exec runs sql with idem's tables qualified for schema.
 func exec(t *testing.T, db *pgtest.DB, schema, sql string, args ...any) {
 	t.Helper()
@@ -97,11 +109,8 @@ func seedLife(t *testing.T, db *pgtest.DB, schema, scope, key string) string {
 	t.Helper()
 	ctx := context.Background()
 	scoped := idem.ScopedKey(scope, idem.Key(key))
-	ob, err := outbox.New(outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	ob := outbox.New(tables(t, db, schema))
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, pgschema.Qualify(schema, `INSERT INTO idem_requests (scope, key, fingerprint, method, path, response_code, response_body, expires_at)
 			VALUES ($1, $2, '\xdeadbeefcafef00d0102', 'POST', '/v1/orders', 202, '{"status":"accepted"}', now() + interval '1 day')`), scope, key); err != nil {
 			return err
@@ -307,12 +316,8 @@ func TestStatsCountsAndOldestPending(t *testing.T) {
 		t.Errorf("counts = %+v", s.Counts)
 	}
 
-	// Stats' backlog is the outbox's own definition, to the row.
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ob.Backlog(context.Background(), db.Pool)
+	// Stats' backlog is ReadBacklog's, the one definition, to the row.
+	b, err := ops.ReadBacklog(context.Background(), db.Pool, tables(t, db, "").Store())
 	if err != nil {
 		t.Fatal(err)
 	}

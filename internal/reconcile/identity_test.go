@@ -8,16 +8,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/registry"
-
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/registry"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
 )
 
 // enqueue writes msgs in one transaction and relays them.
@@ -84,7 +84,7 @@ func TestRedriveReachesOnlyTheMissingConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
 	skipped := &testenv.Outcomes{}
-	b.consumer(t, "settled", testenv.Subject, func(c *consumer.Config) { c.Observer = skipped.Observe })
+	b.observedConsumer(t, "settled", testenv.Subject, skipped.Observe)
 	b.register(t, "missing", testenv.Subject)
 	b.publish(t, testenv.Subject, "k-1")
 	testenv.Eventually(t, 10*time.Second, "settled settles", func() bool { return b.env.Effects(t, "k-1") == 1 })
@@ -170,10 +170,7 @@ func TestLostReplayIsRedriven(t *testing.T) {
 	stop()
 	broken.Store(false)
 
-	dls, err := consumer.NewDeadLetters(b.env.DB.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(b.inst)
 	list, err := dls.List(context.Background(), 1)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("dead letters = %v, %v", list, err)
@@ -210,8 +207,11 @@ func TestADurableBelongsToOneInstallation(t *testing.T) {
 	stopFirst := b.consumer(t, "shared", testenv.Subject)
 
 	other := pgtest.New(t)
-	cfg := testenv.ConsumerConfig("shared")
-	c, err := consumer.New(other.Pool, b.env.JS, cfg)
+	otherInst, err := install.New(other.Pool, b.env.NC, install.Config{Stream: b.inst.Stream()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(otherInst, testenv.ConsumerConfig("shared"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,11 +224,11 @@ func TestADurableBelongsToOneInstallation(t *testing.T) {
 
 	// The other installation's reconciler sees the first's durable ack past its
 	// row (the first consumed it): not a loss of its own.
-	otherRelay, err := outbox.NewRelay(other.Pool, b.env.JS, outbox.RelayConfig{Stream: testenv.Stream, AwaitProof: true})
+	otherRelay, err := relay.New(otherInst, relay.Config{AwaitProof: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherRec, err := reconcile.New(other.Pool, b.env.JS, reconcile.Config{Stream: testenv.Stream, After: time.Millisecond})
+	otherRec, err := reconcile.New(otherInst, reconcile.Config{After: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

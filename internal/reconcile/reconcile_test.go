@@ -12,46 +12,48 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
-// bundle is one test's world: the test environment, an outbox and a relay that
-// awaits proof, and a reconciler that judges every published row at once.
+// bundle is one test's world: the test environment, an installation on it, its
+// outbox and a relay that awaits proof, and a reconciler that judges every
+// published row at once.
 type bundle struct {
 	env    *testenv.Env
+	inst   *install.Installation
 	ob     *outbox.Outbox
-	relay  *outbox.Relay
+	relay  *relay.Relay
 	rec    *reconcile.Reconciler
 	stream string
 }
 
 type options struct {
-	stream     string // default testenv.Stream
+	stream     install.Stream // default the test stream
 	reconciler reconcile.Config
 }
 
 func setup(t *testing.T, opts options) *bundle {
 	t.Helper()
 	env := testenv.New(t)
-	b := &bundle{env: env, stream: opts.stream}
-	if b.stream == "" {
-		b.stream = testenv.Stream
+	b := &bundle{env: env, inst: env.Inst}
+	if opts.stream.Name != "" {
+		b.inst = env.Install(t, func(c *install.Config) { c.Stream = opts.stream })
 	}
+	b.stream = b.inst.Stream().Name
+	b.ob = outbox.New(b.inst)
 	var err error
-	if b.ob, err = outbox.New(outbox.Config{Subjects: []string{testenv.Subjects}}); err != nil {
-		t.Fatal(err)
-	}
-	if b.relay, err = outbox.NewRelay(env.DB.Pool, env.JS, outbox.RelayConfig{Stream: b.stream, AwaitProof: true}); err != nil {
+	if b.relay, err = relay.New(b.inst, relay.Config{AwaitProof: true}); err != nil {
 		t.Fatal(err)
 	}
 	rc := opts.reconciler
-	rc.Stream = b.stream
 	if rc.After == 0 {
 		rc.After = time.Millisecond // every published row is due at once
 	}
-	if b.rec, err = reconcile.New(env.DB.Pool, env.JS, rc); err != nil {
+	if b.rec, err = reconcile.New(b.inst, rc); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -81,12 +83,18 @@ func (b *bundle) drain(t *testing.T) {
 // consumer starts a consumer of subject on the bundle's stream; stop stops it.
 func (b *bundle) consumer(t *testing.T, name, subject string, edit ...func(*consumer.Config)) (stop func()) {
 	t.Helper()
+	return b.observedConsumer(t, name, subject, nil, edit...)
+}
+
+// observedConsumer is consumer with obs told its events.
+func (b *bundle) observedConsumer(t *testing.T, name, subject string, obs idem.Observer, edit ...func(*consumer.Config)) (stop func()) {
+	t.Helper()
 	cfg := testenv.ConsumerConfig(name)
-	cfg.Stream, cfg.Subject = b.stream, subject
+	cfg.Subject = subject
 	for _, e := range edit {
 		e(&cfg)
 	}
-	c, err := consumer.New(b.env.DB.Pool, b.env.JS, cfg)
+	c, err := consumer.New(b.inst.Observing(obs), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +221,7 @@ func TestLostMessagesAreRedrivenOnce(t *testing.T) {
 			if err := b.env.JS.DeleteStream(ctx, b.stream); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := outbox.EnsureStream(ctx, b.env.JS, outbox.StreamConfig{Name: b.stream, Subjects: []string{testenv.Subjects}}); err != nil {
+			if _, err := b.inst.EnsureStream(ctx); err != nil {
 				t.Fatal(err)
 			}
 			// Other messages take the lost ones' sequences.
@@ -293,13 +301,9 @@ func TestLostMessagesAreRedrivenOnce(t *testing.T) {
 // re-driven, and the re-drive reaches the consumer once it is back.
 func TestExpiredWhileTheConsumerWasDown(t *testing.T) {
 	t.Parallel()
-	b := setup(t, options{stream: "SHORT"})
+	b := setup(t, options{stream: install.Stream{Name: "SHORT", Subjects: []string{"short.>"}}})
 	if _, err := b.env.JS.CreateStream(context.Background(), jetstream.StreamConfig{
 		Name: "SHORT", Subjects: []string{"short.>"}, MaxAge: time.Second, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	if b.ob, err = outbox.New(outbox.Config{Subjects: []string{"short.>"}}); err != nil {
 		t.Fatal(err)
 	}
 	b.register(t, "c", "short.x")
@@ -409,7 +413,7 @@ func TestTwoReconcilersRedriveEachRowOnce(t *testing.T) {
 	if err := b.streamHandle(t).Purge(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	other, err := reconcile.New(b.env.DB.Pool, b.env.JS, b.rec.Config())
+	other, err := reconcile.New(b.inst, b.rec.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,14 +440,28 @@ func TestTwoReconcilersRedriveEachRowOnce(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]reconcile.Config{
-		"no stream":      {},
-		"negative after": {Stream: "S", After: -time.Second},
-		"bad schema":     {Stream: "S", Schema: "Bad-Schema"},
+	env := testenv.New(t)
+	if _, err := reconcile.New(env.Inst, reconcile.Config{After: -time.Second}); err == nil {
+		t.Error("New accepted a negative After")
+	}
+	// The stream and the schema are the installation's: refused there, and an
+	// installation without a NATS connection, which has no stream to read, is
+	// refused by New.
+	stream := install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}
+	for name, cfg := range map[string]install.Config{
+		"no stream":  {},
+		"bad schema": {Stream: stream, Schema: "Bad-Schema"},
 	} {
-		if _, err := reconcile.New(nil, nil, cfg); err == nil {
-			t.Errorf("%s: New accepted %+v", name, cfg)
+		if _, err := install.New(env.DB.Pool, env.NC, cfg); err == nil {
+			t.Errorf("%s: install.New accepted %+v", name, cfg)
 		}
+	}
+	tablesOnly, err := install.New(env.DB.Pool, nil, install.Config{Stream: stream})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reconcile.New(tablesOnly, reconcile.Config{}); err == nil {
+		t.Error("New accepted an installation without a NATS connection")
 	}
 }
 

@@ -7,27 +7,24 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/relay"
+	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
-// atomicSetup is a stream of its own (atomic.>), allowing atomic batches or not,
-// and an outbox writing to it.
-func atomicSetup(t *testing.T, allow bool) (*testenv.Env, *outbox.Outbox, string) {
+// atomicSetup is an installation on a stream of its own (ATOMIC, atomic.>),
+// allowing atomic batches or not, and its outbox.
+func atomicSetup(t *testing.T, allow bool) (*testenv.Env, *install.Installation, *outbox.Outbox) {
 	t.Helper()
 	env := testenv.New(t)
-	stream := "ATOMIC"
-	if _, err := outbox.EnsureStream(context.Background(), env.JS, outbox.StreamConfig{
-		Name: stream, Subjects: []string{"atomic.>"}, AllowAtomicPublish: allow}); err != nil {
-		t.Fatal(err)
-	}
-	ob, err := outbox.New(outbox.Config{Subjects: []string{"atomic.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return env, ob, stream
+	inst := onStream(t, env, install.Stream{Name: "ATOMIC", Subjects: []string{"atomic.>"}, AllowAtomicPublish: allow})
+	return env, inst, outbox.New(inst)
 }
 
 func atomicMsgs(prefix string, n int) []idem.Message {
@@ -90,9 +87,10 @@ func checkStoredWhereRecorded(t *testing.T, env *testenv.Env, stream string, wan
 // the sequence its message really took.
 func TestRelayAtomicPublish(t *testing.T) {
 	t.Parallel()
-	env, ob, stream := atomicSetup(t, true)
+	env, inst, ob := atomicSetup(t, true)
+	stream := inst.Stream().Name
 	enqueue(t, env.DB, ob, atomicMsgs("a", 250)...)
-	r := newRelay(t, env, outbox.RelayConfig{Stream: stream, BatchSize: 100, AtomicPublish: true})
+	r := newRelay(t, inst, relay.Config{BatchSize: 100, AtomicPublish: true})
 	if n, err := r.Drain(context.Background()); err != nil || n != 250 {
 		t.Fatalf("Drain = %d, %v; want 250", n, err)
 	}
@@ -105,12 +103,13 @@ func TestRelayAtomicPublish(t *testing.T) {
 // copies are.
 func TestRelayAtomicRepublishAfterCrash(t *testing.T) {
 	t.Parallel()
-	env, ob, stream := atomicSetup(t, true)
+	env, inst, ob := atomicSetup(t, true)
+	stream := inst.Stream().Name
 	enqueue(t, env.DB, ob, atomicMsgs("c", 40)...)
 	dying := faults.With(context.Background(), faults.New().Func(faults.RelayAfterPublish, func(_ context.Context, keys []string) error {
 		return fmt.Errorf("fault: relay died before marking %d rows", len(keys))
 	}))
-	r := newRelay(t, env, outbox.RelayConfig{Stream: stream, BatchSize: 100, AtomicPublish: true})
+	r := newRelay(t, inst, relay.Config{BatchSize: 100, AtomicPublish: true})
 	if _, err := r.Drain(dying); err == nil {
 		t.Fatal("the dying relay reported success")
 	}
@@ -130,9 +129,10 @@ func TestRelayAtomicRepublishAfterCrash(t *testing.T) {
 // publishes it message by message, and every batch after it too.
 func TestRelayAtomicPublishOnAStreamThatRefusesIt(t *testing.T) {
 	t.Parallel()
-	env, ob, stream := atomicSetup(t, false)
+	env, inst, ob := atomicSetup(t, false)
+	stream := inst.Stream().Name
 	enqueue(t, env.DB, ob, atomicMsgs("d", 30)...)
-	r := newRelay(t, env, outbox.RelayConfig{Stream: stream, BatchSize: 10, AtomicPublish: true})
+	r := newRelay(t, inst, relay.Config{BatchSize: 10, AtomicPublish: true})
 	if n, err := r.Drain(context.Background()); err != nil || n != 30 {
 		t.Fatalf("Drain = %d, %v; want 30", n, err)
 	}
@@ -141,12 +141,12 @@ func TestRelayAtomicPublishOnAStreamThatRefusesIt(t *testing.T) {
 
 func TestRelayAtomicPublishConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := outbox.NewRelay(nil, nil, outbox.RelayConfig{Stream: "S", AtomicPublish: true, BatchSize: outbox.MaxAtomicBatch + 1}); err == nil {
-		t.Fatal("NewRelay accepted a BatchSize over MaxAtomicBatch with AtomicPublish")
+	if _, err := relay.New(nil, relay.Config{AtomicPublish: true, BatchSize: relay.MaxAtomicBatch + 1}); err == nil {
+		t.Fatal("New accepted a BatchSize over MaxAtomicBatch with AtomicPublish")
 	}
-	if _, err := outbox.NewRelay(nil, nil, outbox.RelayConfig{AtomicPublish: true}); err == nil {
-		t.Fatal("NewRelay accepted AtomicPublish without Stream")
-	}
+	// An atomic batch expects its stream: a relay always has one, since an
+	// installation without a stream name is refused.
+	refusedInstall(t, pgtest.New(t), "no stream name", install.Config{Stream: install.Stream{Subjects: []string{"atomic.>"}}})
 }
 
 // A batch holding a row another stream stores: with AtomicPublish the expected
@@ -156,19 +156,25 @@ func TestRelayAtomicPublishConfig(t *testing.T) {
 // fails with its error, and the other stream took nothing.
 func TestRelayAtomicPublishWithAMisroutedRow(t *testing.T) {
 	t.Parallel()
-	env, _, stream := atomicSetup(t, true)
+	env, inst, ob := atomicSetup(t, true)
+	stream := inst.Stream().Name
 	ctx := context.Background()
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}, AllowAtomicPublish: true}); err != nil {
-		t.Fatal(err)
-	}
-	anySubject, err := outbox.New(outbox.Config{}) // no Subjects: Enqueue cannot tell
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The outbox of an installation of the same tables on OTHER writes the
+	// misrouted row, between the good ones, in one transaction.
+	other := outbox.New(onStream(t, env, install.Stream{Name: "OTHER", Subjects: []string{"other.>"}, AllowAtomicPublish: true}))
 	msgs := atomicMsgs("m", 5)
-	msgs = append(msgs[:2], append([]idem.Message{{Key: "m-misrouted", Subject: "other.x", Payload: []byte("{}")}}, msgs[2:]...)...)
-	enqueue(t, env.DB, anySubject, msgs...)
-	r := newRelay(t, env, outbox.RelayConfig{Stream: stream, BatchSize: 100, AtomicPublish: true})
+	if err := pgx.BeginFunc(ctx, env.DB.Pool, func(tx pgx.Tx) error {
+		if err := ob.Enqueue(ctx, tx, msgs[:2]...); err != nil {
+			return err
+		}
+		if err := other.Enqueue(ctx, tx, idem.Message{Key: "m-misrouted", Subject: "other.x", Payload: []byte("{}")}); err != nil {
+			return err
+		}
+		return ob.Enqueue(ctx, tx, msgs[2:]...)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := newRelay(t, inst, relay.Config{BatchSize: 100, AtomicPublish: true})
 	if n, err := r.Drain(ctx); err != nil || n != 5 {
 		t.Fatalf("Drain = %d, %v; want 5 published", n, err)
 	}

@@ -15,7 +15,9 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -78,32 +80,30 @@ func TestOrderedEndToEnd(t *testing.T) {
 		keys      = 32 // keys%producers == 0: each key has one producer, its writer
 		rounds    = 12
 	)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	for i := range 2 {
-		// Each relay on its own connection, as two processes would be.
+		// Each relay on its own connection and installation, as two processes
+		// would be.
 		nc, err := nats.Connect(env.NATS.URL())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(nc.Close)
-		js, err := jetstream.New(nc)
+		inst, err := install.New(env.DB.Pool, nc, install.Config{Stream: env.Inst.Stream()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		r, err := outbox.NewRelay(env.DB.Pool, js, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 8, PollInterval: 20 * time.Millisecond, OrderedSubjects: ordFilters})
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := newRelay(t, inst, relay.Config{BatchSize: 8, PollInterval: 20 * time.Millisecond, OrderedSubjects: ordFilters})
 		testenv.Go(t, fmt.Sprintf("relay %d", i), r.Run)
 	}
-	cfgs, err := consumer.Partitioned(consumer.Config{Name: "ord", Stream: testenv.Stream, Subject: ordSubject,
+	cfgs, err := consumer.Partitioned(consumer.Config{Name: "ord", Subject: ordSubject,
 		Handler: ordEffect, AckWait: 5 * time.Second}, parts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, cfg := range cfgs {
 		for range 2 {
-			c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+			c, err := consumer.New(env.Inst, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -221,7 +221,7 @@ func pending(t *testing.T, env *testenv.Env, key string) bool {
 func TestOrderedRelayFailedRowBlocksOnlyItsPartition(t *testing.T) {
 	t.Parallel()
 	env := newOrdEnv(t)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	const a, b = ordSubject + ".0", ordSubject + ".1"
 	row := func(key, subject string, h map[string]string) idem.Message {
 		return idem.Message{Key: key, Subject: subject, Payload: []byte(`{}`), Headers: h}
@@ -234,7 +234,7 @@ func TestOrderedRelayFailedRowBlocksOnlyItsPartition(t *testing.T) {
 	enqueue(t, env.DB, ob, row("a3", a, nil), row("b3", b, nil))
 	enqueue(t, env.DB, ob, row("a4", a, nil), row("plain-2", testenv.Subject, nil))
 
-	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, MaxAttempts: 2, OrderedSubjects: ordFilters,
+	r := newRelay(t, env.Inst, relay.Config{MaxAttempts: 2, OrderedSubjects: ordFilters,
 		Backoff: func(int) time.Duration { return time.Hour }})
 	ctx := context.Background()
 	for range 2 { // the second Drain finds a's partition still blocked
@@ -289,7 +289,7 @@ func TestOrderedRelayFailedRowBlocksOnlyItsPartition(t *testing.T) {
 func TestOrderedRelaysDoNotShareAPartition(t *testing.T) {
 	t.Parallel()
 	env := newOrdEnv(t)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	const a, b = ordSubject + ".0", ordSubject + ".1"
 	for i := 1; i <= 3; i++ {
 		enqueue(t, env.DB, ob, idem.Message{Key: fmt.Sprintf("a%d", i), Subject: a, Payload: []byte(`{}`)},
@@ -305,8 +305,8 @@ func TestOrderedRelaysDoNotShareAPartition(t *testing.T) {
 		}
 		return nil
 	})
-	first := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 1, OrderedSubjects: ordFilters})
-	second := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, OrderedSubjects: ordFilters})
+	first := newRelay(t, env.Inst, relay.Config{BatchSize: 1, OrderedSubjects: ordFilters})
+	second := newRelay(t, env.Inst, relay.Config{OrderedSubjects: ordFilters})
 	done := make(chan error, 1)
 	go func() {
 		_, err := first.Drain(faults.With(context.Background(), fs))
@@ -382,8 +382,8 @@ func TestPartitionMatchesTheServersMapping(t *testing.T) {
 
 func TestRelayRefusesBadOrderedSubjects(t *testing.T) {
 	t.Parallel()
-	if _, err := outbox.NewRelay(nil, nil, outbox.RelayConfig{OrderedSubjects: []string{"bad..subject"}}); err == nil {
-		t.Fatal("NewRelay accepted an invalid OrderedSubjects filter")
+	if _, err := relay.New(nil, relay.Config{OrderedSubjects: []string{"bad..subject"}}); err == nil {
+		t.Fatal("New accepted an invalid OrderedSubjects filter")
 	}
 }
 
@@ -392,12 +392,12 @@ func TestRelayRefusesBadOrderedSubjects(t *testing.T) {
 func TestOrderedRelayInAnotherSchema(t *testing.T) {
 	t.Parallel()
 	env := testenv.NewWith(t, pgtest.Options{Schema: "idem_app"})
-	ob := newOutbox(t, "idem_app")
+	ob := outbox.New(env.Inst)
 	for i := 1; i <= 3; i++ {
 		enqueue(t, env.DB, ob, idem.Message{Key: fmt.Sprintf("a%d", i), Subject: ordSubject + ".0", Payload: []byte(`{}`)},
 			idem.Message{Key: fmt.Sprintf("u%d", i), Subject: testenv.Subject, Payload: []byte(`{}`)})
 	}
-	r := newRelay(t, env, outbox.RelayConfig{Schema: "idem_app", Stream: testenv.Stream, BatchSize: 2, OrderedSubjects: ordFilters})
+	r := newRelay(t, env.Inst, relay.Config{BatchSize: 2, OrderedSubjects: ordFilters})
 	if n, err := r.Drain(context.Background()); err != nil || n != 6 {
 		t.Fatalf("Drain = %d, %v; want 6", n, err)
 	}

@@ -8,32 +8,22 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
 )
 
-func newRelay(t *testing.T, env *testenv.Env, cfg outbox.RelayConfig) *outbox.Relay {
-	t.Helper()
-	r, err := outbox.NewRelay(env.DB.Pool, env.JS, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
 // startConsumer runs testenv.Effect on the test subject, counting its outcomes.
 func startConsumer(t *testing.T, env *testenv.Env, name string) *testenv.Outcomes {
 	t.Helper()
 	out := &testenv.Outcomes{}
-	cfg := testenv.ConsumerConfig(name)
-	cfg.Observer = out.Observe
-	c, err := consumer.New(env.DB.Pool, env.JS, cfg)
+	c, err := consumer.New(env.Observed(t, out.Observe), testenv.ConsumerConfig(name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,16 +33,18 @@ func startConsumer(t *testing.T, env *testenv.Env, name string) *testenv.Outcome
 
 func TestRelayConfigValidate(t *testing.T) {
 	t.Parallel()
-	for name, cfg := range map[string]outbox.RelayConfig{
+	for name, cfg := range map[string]relay.Config{
 		"negative batch":   {BatchSize: -1},
 		"negative poll":    {PollInterval: -time.Second},
 		"negative timeout": {PublishTimeout: -time.Second},
-		"bad schema":       {Schema: "Not-A-Schema"},
 	} {
-		if _, err := outbox.NewRelay(nil, nil, cfg); err == nil {
-			t.Errorf("%s: NewRelay accepted %+v", name, cfg)
+		if _, err := relay.New(nil, cfg); err == nil {
+			t.Errorf("%s: New accepted %+v", name, cfg)
 		}
 	}
+	// The schema is the installation's: a bad one is refused there.
+	refusedInstall(t, pgtest.New(t), "bad schema", install.Config{Schema: "Not-A-Schema",
+		Stream: install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}})
 }
 
 // The relay publishes with Idempotency-Key and a Msg-Id derived from subject and
@@ -60,15 +52,15 @@ func TestRelayConfigValidate(t *testing.T) {
 func TestRelayPublishesAndMarks(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	other := idem.Message{Key: "k-1", Subject: "test.receipts", Payload: []byte(`{}`), Headers: map[string]string{"X-Trace": "t1"}}
 	enqueue(t, env.DB, ob, msg("k-1"), msg("k-2"), other)
 	var published atomic.Int64
-	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, Retention: time.Hour, Observer: func(e idem.Event) {
+	r := newRelay(t, env.Observed(t, func(e idem.Event) {
 		if e.Component == idem.ComponentRelay && e.Outcome == idem.OutcomePublished {
 			published.Add(int64(e.Count))
 		}
-	}})
+	}), relay.Config{Retention: time.Hour})
 	n, err := r.Drain(context.Background())
 	if err != nil || n != 3 {
 		t.Fatalf("Drain = %d, %v; want 3", n, err)
@@ -108,15 +100,16 @@ func TestRelayPublishesAndMarks(t *testing.T) {
 
 // LISTEN/NOTIFY wakes the relay: with polling effectively off, a committed row is
 // still published promptly — in the default schema and in another one, whose
-// channel is its own.
+// channel is its own. The relay is of another Installation value than the outbox,
+// as in another process, so nothing but the NOTIFY reaches it.
 func TestRelayWakesOnNotify(t *testing.T) {
 	t.Parallel()
 	for _, schema := range []string{"", "idem_app"} {
 		t.Run("schema="+schema, func(t *testing.T) {
 			t.Parallel()
 			env := testenv.NewWith(t, pgtest.Options{Schema: schema})
-			ob := newOutbox(t, schema)
-			r := newRelay(t, env, outbox.RelayConfig{Schema: schema, Stream: testenv.Stream, PollInterval: time.Hour})
+			ob := outbox.New(env.Inst)
+			r := newRelay(t, env.Install(t, nil), relay.Config{PollInterval: time.Hour})
 			testenv.Go(t, "relay", r.Run)
 			table := "idem_outbox"
 			if schema != "" {
@@ -149,52 +142,78 @@ func waitListening(t *testing.T, env *testenv.Env, n int) {
 	})
 }
 
-// countingExecer counts the statements Wake sends.
-type countingExecer struct {
-	db    outbox.Execer
-	calls atomic.Int64
-}
-
-func (c *countingExecer) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c.calls.Add(1)
-	return c.db.Exec(ctx, sql, args...)
+// notifies counts the NOTIFYs on the outbox's channel of inst from now on: the
+// returned func sends a marker NOTIFY and counts those that came before it
+// (Postgres delivers notifications in commit order).
+func notifies(t *testing.T, env *testenv.Env, inst *install.Installation) func() int {
+	t.Helper()
+	ctx := context.Background()
+	pc, err := env.DB.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pc.Hijack()
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	channel := inst.Store().Outbox.Channel
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		t.Helper()
+		if _, err := env.DB.Pool.Exec(ctx, `SELECT pg_notify($1, 'marker')`, channel); err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		n := 0
+		for {
+			note, err := conn.WaitForNotification(wctx)
+			if err != nil {
+				t.Fatalf("waiting for the marker NOTIFY: %v", err)
+			}
+			if note.Payload == "marker" {
+				return n
+			}
+			n++
+		}
+	}
 }
 
 // Rows written with AddToBatch send no NOTIFY of their own: Wake after the commit
-// reaches a relay of this process directly, without a statement, and a relay
-// elsewhere (here: one not attached to this Outbox) by one NOTIFY. With polling
-// effectively off, both publish promptly.
+// reaches a relay of the same Installation directly, without a NOTIFY, and a relay
+// elsewhere (here: one of another Installation value, as in another process) by
+// one NOTIFY. With polling effectively off, both publish promptly.
 func TestWakeReachesTheRelay(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		attached bool
-		notifies int64
+		notifies int
 	}{
-		{"relay in this process", true, 0},
+		{"relay of the same installation", true, 0},
 		{"relay elsewhere", false, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			env := testenv.New(t)
-			ob := newOutbox(t, "")
-			cfg := outbox.RelayConfig{Stream: testenv.Stream, PollInterval: time.Hour}
-			if tc.attached {
-				cfg.Outbox = ob
+			ob := outbox.New(env.Inst)
+			inst := env.Inst
+			if !tc.attached {
+				inst = env.Install(t, nil)
 			}
-			testenv.Go(t, "relay", newRelay(t, env, cfg).Run)
+			testenv.Go(t, "relay", newRelay(t, inst, relay.Config{PollInterval: time.Hour}).Run)
 			waitListening(t, env, 1)
 
 			commitBatched(t, env.DB, ob, msg("k-wake"))
-			db := &countingExecer{db: env.DB.Pool}
-			if err := ob.Wake(context.Background(), db); err != nil {
+			count := notifies(t, env, env.Inst)
+			if err := ob.Wake(context.Background()); err != nil {
 				t.Fatal(err)
 			}
 			testenv.Eventually(t, 45*time.Second, "the row published after Wake", func() bool {
 				return env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL`) == 0
 			})
-			if got := db.calls.Load(); got != tc.notifies {
-				t.Errorf("Wake sent %d statements, want %d", got, tc.notifies)
+			if got := count(); got != tc.notifies {
+				t.Errorf("Wake sent %d NOTIFYs, want %d", got, tc.notifies)
 			}
 		})
 	}
@@ -206,14 +225,14 @@ func TestWakeReachesTheRelay(t *testing.T) {
 func TestRelayDiesBetweenPublishAndMark(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	enqueue(t, env.DB, ob, msg("k-relay"))
 	out := startConsumer(t, env, "effects")
 
 	dying := faults.With(context.Background(), faults.New().Func(faults.RelayAfterPublish, func(_ context.Context, keys []string) error {
 		return fmt.Errorf("fault: relay died before marking %v", keys)
 	}))
-	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream})
+	r := newRelay(t, env.Inst, relay.Config{})
 	if _, err := r.Drain(dying); err == nil {
 		t.Fatal("the dying relay reported success")
 	}
@@ -247,8 +266,8 @@ func TestRelayDiesBetweenPublishAndMark(t *testing.T) {
 func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	ob := newOutbox(t, "")
-	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream})
+	ob := outbox.New(env.Inst)
+	r := newRelay(t, env.Inst, relay.Config{})
 	ctx := context.Background()
 	drain := func(want int) {
 		t.Helper()
@@ -298,27 +317,23 @@ func TestRepublishPassesTheDuplicateWindowAndTheInboxFoldsIt(t *testing.T) {
 	}
 }
 
-// RelayConfig.Stream makes every publish expect the test stream: a subject stored
-// by another stream fails and stays pending with its error, instead of being
+// The relay expects every publish to land in its installation's stream: a subject
+// stored by another stream fails and stays pending with its error, instead of being
 // acknowledged by the wrong stream.
 func TestRelayStreamRefusesMisroute(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	ctx := context.Background()
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
-		t.Fatal(err)
-	}
-	anySubject, err := outbox.New(outbox.Config{}) // no Subjects: Enqueue cannot tell
-	if err != nil {
-		t.Fatal(err)
-	}
-	enqueue(t, env.DB, anySubject, idem.Message{Key: "k-misrouted", Subject: "other.x", Payload: []byte("{}")})
+	// An installation of the same tables on stream OTHER: its outbox writes a row
+	// the test stream does not store.
+	other := onStream(t, env, install.Stream{Name: "OTHER", Subjects: []string{"other.>"}})
+	enqueue(t, env.DB, outbox.New(other), idem.Message{Key: "k-misrouted", Subject: "other.x", Payload: []byte("{}")})
 	var failed atomic.Int64
-	r := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, Observer: func(e idem.Event) {
+	r := newRelay(t, env.Observed(t, func(e idem.Event) {
 		if e.Outcome == idem.OutcomeFailed {
 			failed.Add(int64(e.Count))
 		}
-	}})
+	}), relay.Config{})
 	if n, err := r.Drain(ctx); err != nil || n != 0 {
 		t.Fatalf("Drain = %d, %v; want 0 published", n, err)
 	}
@@ -339,9 +354,10 @@ func TestRelayStreamRefusesMisroute(t *testing.T) {
 	if _, err := env.DB.Pool.Exec(ctx, `UPDATE idem_outbox SET next_attempt_at = now()`); err != nil {
 		t.Fatal(err)
 	}
-	// Without Stream, the same row lands in whichever stream stores its subject.
-	if n, err := newRelay(t, env, outbox.RelayConfig{}).Drain(ctx); err != nil || n != 1 {
-		t.Fatalf("Drain without Stream = %d, %v; want 1", n, err)
+	// The row itself is publishable: the relay of the installation on OTHER lands
+	// it there.
+	if n, err := newRelay(t, other, relay.Config{}).Drain(ctx); err != nil || n != 1 {
+		t.Fatalf("Drain of the relay on OTHER = %d, %v; want 1", n, err)
 	}
 	if got := env.StreamMsgs(t, "OTHER"); got != 1 {
 		t.Fatalf("the other stream holds %d messages, want 1", got)
@@ -353,20 +369,20 @@ func TestRelayStreamRefusesMisroute(t *testing.T) {
 func TestTwoRelaysShareTheOutbox(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	ob := newOutbox(t, "")
+	ob := outbox.New(env.Inst)
 	var msgs []idem.Message
 	for i := range 1000 {
 		msgs = append(msgs, msg(fmt.Sprintf("k-%04d", i)))
 	}
 	enqueue(t, env.DB, ob, msgs...)
-	r1 := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 50})
-	r2 := newRelay(t, env, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 50})
+	r1 := newRelay(t, env.Inst, relay.Config{BatchSize: 50})
+	r2 := newRelay(t, env.Inst, relay.Config{BatchSize: 50})
 	type result struct {
 		n   int
 		err error
 	}
 	results := make(chan result, 2)
-	for _, r := range []*outbox.Relay{r1, r2} {
+	for _, r := range []*relay.Relay{r1, r2} {
 		go func() { n, err := r.Drain(context.Background()); results <- result{n, err} }()
 	}
 	total := 0

@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"github.com/idemkit/idem/internal/registry"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,8 +14,11 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
-	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/registry"
+	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -24,12 +26,13 @@ import (
 )
 
 // smallBroker is a real JetStream server whose max_payload is small, so tests can
-// make messages it refuses without megabytes of data, and the test stream on it.
+// make messages it refuses without megabytes of data, and an installation on it
+// with the test stream.
 type smallBroker struct {
-	db  *pgtest.DB
-	srv *natstest.Server
-	nc  *nats.Conn
-	js  jetstream.JetStream
+	db   *pgtest.DB
+	srv  *natstest.Server
+	nc   *nats.Conn
+	inst *install.Installation
 }
 
 const smallMaxPayload = 4096
@@ -42,23 +45,31 @@ func newSmallBroker(t *testing.T) *smallBroker {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
+	db := pgtest.New(t)
+	inst, err := install.New(db.Pool, nc, install.Config{Stream: install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.EnsureStream(context.Background(), js, outbox.StreamConfig{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}); err != nil {
+	if _, err := inst.EnsureStream(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return &smallBroker{db: pgtest.New(t), srv: srv, nc: nc, js: js}
+	return &smallBroker{db: db, srv: srv, nc: nc, inst: inst}
 }
 
-func (b *smallBroker) relay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
+// relay is a relay of the broker's installation, obs (when not nil) told its
+// events.
+func (b *smallBroker) relay(t *testing.T, cfg relay.Config, obs idem.Observer) *relay.Relay {
 	t.Helper()
-	r, err := outbox.NewRelay(b.db.Pool, b.js, cfg)
-	if err != nil {
+	return newRelay(t, b.inst.Observing(obs), cfg)
+}
+
+// otherStream creates stream OTHER on "other.>" beside the test stream.
+func (b *smallBroker) otherStream(t *testing.T) {
+	t.Helper()
+	if _, err := b.inst.JetStream().CreateStream(context.Background(), jetstream.StreamConfig{
+		Name: "OTHER", Subjects: []string{"other.>"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatal(err)
 	}
-	return r
 }
 
 // insertRaw writes outbox rows the way an older version (or another writer) could
@@ -79,10 +90,7 @@ SELECT $1 || g, $2, $2 || ' ' || $1 || g, convert_to(repeat('x', $3), 'UTF8') FR
 func TestEnqueueRefusesWhatTheBrokerCannotTake(t *testing.T) {
 	t.Parallel()
 	b := newSmallBroker(t)
-	ob, err := outbox.New(outbox.Config{MaxPayload: b.nc.MaxPayload(), Subjects: []string{testenv.Subjects}, Stream: testenv.Stream})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ob := outbox.New(b.inst) // bounded by the broker's max_payload
 	// The header block for this key and subject: "NATS/1.0\r\n" + the lines the
 	// relay adds (the enqueue time is fixed-width) + "\r\n".
 	key, subject := "k-size", "test.size"
@@ -105,7 +113,7 @@ func TestEnqueueRefusesWhatTheBrokerCannotTake(t *testing.T) {
 		t.Fatalf("exactly max_payload: %v", err)
 	}
 	// And the broker agrees: the message that fits is published.
-	if n, err := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream}).Drain(ctx); err != nil || n != 1 {
+	if n, err := b.relay(t, relay.Config{}, nil).Drain(ctx); err != nil || n != 1 {
 		var last string
 		_ = b.db.Pool.QueryRow(ctx, `SELECT COALESCE(last_error, '') FROM idem_outbox`).Scan(&last)
 		t.Fatalf("Drain = %d, %v; want the message that fits published (last error %q)", n, err, last)
@@ -121,11 +129,11 @@ func TestRelayDeadLettersARowTheBrokerRefuses(t *testing.T) {
 	b.insertRaw(t, 1, "big-", "test.big", 2*smallMaxPayload)
 	b.insertRaw(t, 1, "ok-", "test.ok", 10)
 	var dead atomic.Int64
-	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, Observer: func(e idem.Event) {
+	r := b.relay(t, relay.Config{}, func(e idem.Event) {
 		if e.Outcome == idem.OutcomeDeadLettered {
 			dead.Add(int64(e.Count))
 		}
-	}})
+	})
 	if n, err := r.Drain(context.Background()); err != nil || n != 1 {
 		t.Fatalf("Drain = %d, %v; want the good row published", n, err)
 	}
@@ -143,8 +151,7 @@ func TestRelayDeadLettersARowTheBrokerRefuses(t *testing.T) {
 		t.Errorf("the refused row is not marked dead-lettered")
 	}
 	// It is not pending any more: the backlog says nothing waits.
-	ob, _ := outbox.New(outbox.Config{})
-	if bl, err := ob.Backlog(context.Background(), b.db.Pool); err != nil || bl.Pending != 0 {
+	if bl, err := ops.ReadBacklog(context.Background(), b.db.Pool, b.inst.Store()); err != nil || bl.Pending != 0 {
 		t.Errorf("backlog = %+v, %v; want nothing pending", bl, err)
 	}
 }
@@ -161,11 +168,7 @@ func TestRelayBadRowsDoNotDelayAGoodOne(t *testing.T) {
 		setup  func(t *testing.T, b *smallBroker)
 	}{
 		{"too large", func(b *smallBroker) { b.insertRaw(t, 500, "big-", "test.big", 2*smallMaxPayload) }, nil},
-		{"misrouted", func(b *smallBroker) { b.insertRaw(t, 500, "mis-", "other.x", 10) }, func(t *testing.T, b *smallBroker) {
-			if _, err := outbox.EnsureStream(context.Background(), b.js, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
-				t.Fatal(err)
-			}
-		}},
+		{"misrouted", func(b *smallBroker) { b.insertRaw(t, 500, "mis-", "other.x", 10) }, func(t *testing.T, b *smallBroker) { b.otherStream(t) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -175,7 +178,7 @@ func TestRelayBadRowsDoNotDelayAGoodOne(t *testing.T) {
 			}
 			tc.insert(b)
 			b.insertRaw(t, 1, "good-", "test.good", 10)
-			r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, BatchSize: 500})
+			r := b.relay(t, relay.Config{BatchSize: 500}, nil)
 			start := time.Now()
 			n, err := r.Drain(context.Background())
 			if err != nil || n != 1 {
@@ -194,11 +197,9 @@ func TestRelayBadRowsDoNotDelayAGoodOne(t *testing.T) {
 func TestRelayDeadLettersAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	b := newSmallBroker(t)
-	if _, err := outbox.EnsureStream(context.Background(), b.js, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	b.otherStream(t)
 	b.insertRaw(t, 1, "mis-", "other.x", 10)
-	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }})
+	r := b.relay(t, relay.Config{MaxAttempts: 3, Backoff: func(int) time.Duration { return 0 }}, nil)
 	for i := range 3 {
 		if _, err := r.Drain(context.Background()); err != nil {
 			t.Fatalf("Drain %d: %v", i, err)
@@ -220,9 +221,9 @@ func TestRelayChargesNothingWhileTheBrokerIsDown(t *testing.T) {
 	t.Parallel()
 	b := newSmallBroker(t)
 	b.insertRaw(t, 3, "k-", "test.x", 10)
-	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, PublishTimeout: 300 * time.Millisecond, MaxAttempts: 1})
+	r := b.relay(t, relay.Config{PublishTimeout: 300 * time.Millisecond, MaxAttempts: 1}, nil)
 	b.srv.Stop()
-	if _, err := r.Drain(context.Background()); !errors.Is(err, outbox.ErrBrokerDown) {
+	if _, err := r.Drain(context.Background()); !errors.Is(err, relay.ErrBrokerDown) {
 		t.Fatalf("Drain with the broker down = %v, want ErrBrokerDown", err)
 	}
 	if n := b.db.Count(t, `SELECT count(*) FROM idem_outbox WHERE attempts = 0 AND published_at IS NULL AND dead_lettered_at IS NULL`); n != 3 {
@@ -247,7 +248,7 @@ func TestRelayPublishHasADeadline(t *testing.T) {
 	}
 	defer sub.Unsubscribe() //nolint:errcheck
 	b.insertRaw(t, 2, "hang-", "hang.x", 10)
-	r := b.relay(t, outbox.RelayConfig{PublishTimeout: 100 * time.Millisecond})
+	r := b.relay(t, relay.Config{PublishTimeout: 100 * time.Millisecond}, nil)
 	done := make(chan error, 1)
 	go func() { _, err := r.Drain(context.Background()); done <- err }()
 	select {
@@ -270,14 +271,14 @@ func TestRelayBatchIsBoundedByBytes(t *testing.T) {
 	b := newSmallBroker(t)
 	b.insertRaw(t, 10, "k-", "test.x", 1000)
 	var batches, biggest atomic.Int64
-	r := b.relay(t, outbox.RelayConfig{MaxBatchBytes: 3500, Observer: func(e idem.Event) {
+	r := b.relay(t, relay.Config{MaxBatchBytes: 3500}, func(e idem.Event) {
 		if e.Outcome == idem.OutcomePublished {
 			batches.Add(1)
 			if int64(e.Count) > biggest.Load() {
 				biggest.Store(int64(e.Count))
 			}
 		}
-	}})
+	})
 	if n, err := r.Drain(context.Background()); err != nil || n != 10 {
 		t.Fatalf("Drain = %d, %v", n, err)
 	}
@@ -292,7 +293,7 @@ func TestRelayChargesNothingForAConnectionThatDropped(t *testing.T) {
 	t.Parallel()
 	b := newSmallBroker(t)
 	b.insertRaw(t, 3, "k-", "test.x", 10)
-	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, PublishTimeout: 2 * time.Second, MaxAttempts: 1})
+	r := b.relay(t, relay.Config{PublishTimeout: 2 * time.Second, MaxAttempts: 1}, nil)
 	b.srv.Stop()
 	testenv.Eventually(t, 10*time.Second, "the client to notice", func() bool { return b.nc.Status() != nats.CONNECTED })
 	// After the publishes failed and before the relay judges them, the broker
@@ -341,11 +342,9 @@ func TestRelayDeadLetterCarriesTheReadersHorizon(t *testing.T) {
 	}
 	defer sub.Unsubscribe() //nolint:errcheck
 	b.insertRaw(t, 1, "hang-", "hang.x", 10)
-	if _, err := outbox.EnsureStream(ctx, b.js, outbox.StreamConfig{Name: "OTHER", Subjects: []string{"other.>"}}); err != nil {
-		t.Fatal(err)
-	}
+	b.otherStream(t)
 	b.insertRaw(t, 1, "mis-", "other.x", 10)
-	r := b.relay(t, outbox.RelayConfig{Stream: testenv.Stream, MaxAttempts: 1, PublishTimeout: 100 * time.Millisecond})
+	r := b.relay(t, relay.Config{MaxAttempts: 1, PublishTimeout: 100 * time.Millisecond}, nil)
 	if _, err := r.Drain(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -357,10 +356,7 @@ func TestRelayDeadLetterCarriesTheReadersHorizon(t *testing.T) {
 		t.Errorf("the refused row's dead letter has a horizon; it was never stored")
 	}
 
-	dls, err := consumer.NewDeadLetters(b.db.Pool, "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dls := consumer.NewDeadLetters(b.inst)
 	b.db.Count(t, `WITH u AS (UPDATE idem_dead_letters SET inbox_expires_at = now() - interval '1 second' WHERE key = 'hang-1' RETURNING 1) SELECT count(*) FROM u`)
 	rep, err := dls.Replay(ctx, consumer.Filter{Consumer: outbox.RelayConsumer}, consumer.ReplayOptions{DryRun: true})
 	if err != nil {
