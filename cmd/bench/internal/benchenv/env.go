@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
@@ -53,8 +54,12 @@ type Env struct {
 	NC     *nats.Conn
 	JS     jetstream.JetStream
 	Stream jetstream.Stream
+	// Inst is the reference application's installation on Pool and NC (the
+	// public schema, its stream), with no observer: a scenario that counts a
+	// component's events builds it on Inst.Observing.
+	Inst *install.Installation
 	// Outbox enqueues into the stream's subjects, as the reference application's
-	// ingress does.
+	// ingress does. It wakes the relays of Inst and of its Observing copies.
 	Outbox   *outbox.Outbox
 	storeDir string
 	tracer   *sqlTracer
@@ -107,10 +112,6 @@ func New(ctx context.Context, cfg Config) (env *Env, err error) {
 	if err := refapp.Migrate(ctx, env.Pool); err != nil {
 		return env, fmt.Errorf("env: %w", err)
 	}
-	env.Outbox, err = outbox.New(outbox.Config{Subjects: []string{refapp.StreamSubjects}})
-	if err != nil {
-		return env, fmt.Errorf("env: %w", err)
-	}
 
 	env.storeDir, err = os.MkdirTemp("", "idem-bench-js-")
 	if err != nil {
@@ -128,12 +129,20 @@ func New(ctx context.Context, cfg Config) (env *Env, err error) {
 	if err != nil {
 		return env, fmt.Errorf("env: jetstream: %w", err)
 	}
-	env.Stream, err = outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{
-		Name:     refapp.StreamName,
-		Subjects: []string{refapp.StreamSubjects},
-		// For the rows that publish atomic batches; the others publish as before.
-		AllowAtomicPublish: true,
+	env.Inst, err = install.New(env.Pool, env.NC, install.Config{
+		Stream: install.Stream{
+			Name:     refapp.StreamName,
+			Subjects: []string{refapp.StreamSubjects},
+			// For the rows that publish atomic batches; the others publish as before.
+			AllowAtomicPublish: true,
+		},
+		Logger: cfg.Log,
 	})
+	if err != nil {
+		return env, fmt.Errorf("env: %w", err)
+	}
+	env.Outbox = outbox.New(env.Inst)
+	env.Stream, err = env.Inst.EnsureStream(ctx)
 	if err != nil {
 		return env, fmt.Errorf("env: %w", err)
 	}

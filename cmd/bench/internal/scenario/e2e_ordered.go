@@ -139,11 +139,11 @@ func (s e2eOrdered) variant(ctx context.Context, env *benchenv.Env, h *Harness, 
 	if parts > 0 {
 		rs.OrderedSubjects = []string{orderedSubject + ".*"}
 	}
-	rel, err := newRelay(env, h.Log, rs)
+	rel, err := newRelay(env, rs)
 	if err != nil {
 		return report.Result{}, err
 	}
-	consumers, err := newConsumers(env, h.Log, cs)
+	consumers, err := newConsumers(env, cs)
 	if err != nil {
 		return report.Result{}, err
 	}

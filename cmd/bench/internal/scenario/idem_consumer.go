@@ -35,7 +35,7 @@ func (s idemConsumer) run(ctx context.Context, env *benchenv.Env, h *Harness) ([
 	}
 	// Told after the acks of each batch.
 	settled := newCounter(n)
-	c, settings, err := newConsumer(env, h.Log, chargeConsumer(h.Opts.BatchSize, h.Opts.Concurrency, 0, func(k eventKind, count int) {
+	c, settings, err := newConsumer(env, chargeConsumer(h.Opts.BatchSize, h.Opts.Concurrency, 0, func(k eventKind, count int) {
 		if k == evProcessed || k == evDuplicate {
 			settled.Add(count)
 		}

@@ -144,7 +144,7 @@ func runPipeline(ctx context.Context, env *benchenv.Env, h *Harness, cfg pipelin
 			duplicates.Add(int64(n))
 		}
 	})
-	cs, err := newConsumers(env, h.Log, spec)
+	cs, err := newConsumers(env, spec)
 	if err != nil {
 		return out, fmt.Errorf("consumer: %w", err)
 	}
@@ -172,7 +172,7 @@ func runPipeline(ctx context.Context, env *benchenv.Env, h *Harness, cfg pipelin
 		return nil
 	}
 	published := newCounter(messages)
-	rel, err := newRelay(env, h.Log, relaySpec{
+	rel, err := newRelay(env, relaySpec{
 		BatchSize:     cfg.RelayBatch,
 		AwaitProof:    cfg.Reconcile,
 		AtomicPublish: cfg.AtomicPublish,
@@ -187,7 +187,7 @@ func runPipeline(ctx context.Context, env *benchenv.Env, h *Harness, cfg pipelin
 	}
 	var rec runner
 	if cfg.Reconcile {
-		if rec, err = newReconciler(env, h.Log); err != nil {
+		if rec, err = newReconciler(env); err != nil {
 			return out, fmt.Errorf("reconciler: %w", err)
 		}
 	}

@@ -51,7 +51,7 @@ func (s relay) run(ctx context.Context, env *benchenv.Env, h *Harness) ([]report
 
 	published := newCounter(n)
 	var failed atomic.Int64
-	r, err := newRelay(env, h.Log, relaySpec{BatchSize: h.Opts.RelayBatch, Observe: func(k eventKind, count int) {
+	r, err := newRelay(env, relaySpec{BatchSize: h.Opts.RelayBatch, Observe: func(k eventKind, count int) {
 		switch k {
 		case evPublished:
 			published.Add(count)

@@ -7,16 +7,18 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/outbox"
+	idemrelay "github.com/idemkit/idem/internal/relay"
 )
 
 // runner is a component the scenario runs until it cancels its context.
@@ -35,38 +37,30 @@ const (
 	evPublished           // the relay published outbox rows
 )
 
-func consumerObserver(f func(eventKind, int)) idem.Observer {
+// observed is env's installation telling f the events of component, or the
+// installation itself when f is nil. Observers belong to an installation: a
+// component built on the copy reports to f, the others (on env.Inst) do not.
+func observed(env *benchenv.Env, component string, f func(eventKind, int)) *install.Installation {
 	if f == nil {
-		return nil
+		return env.Inst
 	}
-	return func(e idem.Event) {
+	return env.Inst.Observing(func(e idem.Event) {
+		if e.Component != component {
+			return
+		}
 		k := evOther
 		switch e.Outcome {
-		case consumer.OutcomeProcessed:
+		case idem.OutcomeProcessed:
 			k = evProcessed
-		case consumer.OutcomeDuplicate:
+		case idem.OutcomeDuplicate:
 			k = evDuplicate
-		case consumer.OutcomeFailed:
+		case idem.OutcomeFailed:
 			k = evFailed
-		}
-		f(k, e.Count)
-	}
-}
-
-func relayObserver(f func(eventKind, int)) idem.Observer {
-	if f == nil {
-		return nil
-	}
-	return func(e idem.Event) {
-		k := evOther
-		switch e.Outcome {
-		case outbox.OutcomePublished:
+		case idem.OutcomePublished:
 			k = evPublished
-		case outbox.OutcomeFailed:
-			k = evFailed
 		}
 		f(k, e.Count)
-	}
+	})
 }
 
 // consumerSpec is what a scenario asks of an idem consumer.
@@ -82,17 +76,14 @@ type consumerSpec struct {
 	Observe    func(eventKind, int)
 }
 
-func (s consumerSpec) config(log *slog.Logger) consumer.Config {
+func (s consumerSpec) config() consumer.Config {
 	return consumer.Config{
 		Name:         s.Name,
-		Stream:       refapp.StreamName,
 		Subject:      s.Subject,
 		BatchHandler: s.Handler,
 		BatchSize:    s.BatchSize,
 		Concurrency:  s.Concurrency,
 		AckWait:      s.AckWait,
-		Logger:       log,
-		Observer:     consumerObserver(s.Observe),
 	}
 }
 
@@ -104,17 +95,18 @@ func chargeConsumer(batchSize, concurrency int, ackWait time.Duration, observe f
 }
 
 // newConsumers builds the consumers of s: one, or one per partition.
-func newConsumers(env *benchenv.Env, log *slog.Logger, s consumerSpec) ([]runner, error) {
-	cfgs := []consumer.Config{s.config(log)}
+func newConsumers(env *benchenv.Env, s consumerSpec) ([]runner, error) {
+	cfgs := []consumer.Config{s.config()}
 	if s.Partitions > 0 {
 		var err error
 		if cfgs, err = consumer.Partitioned(cfgs[0], s.Partitions); err != nil {
 			return nil, err
 		}
 	}
+	inst := observed(env, idem.ComponentConsumer, s.Observe)
 	var out []runner
 	for _, cfg := range cfgs {
-		c, err := consumer.New(env.Pool, env.JS, cfg)
+		c, err := consumer.New(inst, cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -124,15 +116,16 @@ func newConsumers(env *benchenv.Env, log *slog.Logger, s consumerSpec) ([]runner
 }
 
 // newConsumer builds one consumer, and returns the settings it runs with (its
-// defaults filled in) for the row's config.
-func newConsumer(env *benchenv.Env, log *slog.Logger, s consumerSpec) (runner, map[string]any, error) {
-	c, err := consumer.New(env.Pool, env.JS, s.config(log))
+// defaults filled in) for the row's config. The consumer does not wait for a
+// fuller batch, so the row's "linger" is 0s.
+func newConsumer(env *benchenv.Env, s consumerSpec) (runner, map[string]any, error) {
+	c, err := consumer.New(observed(env, idem.ComponentConsumer, s.Observe), s.config())
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg := c.Config()
 	return c, map[string]any{"batch_size": cfg.BatchSize, "concurrency": cfg.Concurrency,
-		"max_ack_pending": cfg.MaxAckPending, "linger": cfg.Linger.String()}, nil
+		"max_ack_pending": c.JetStreamConfig().MaxAckPending, "linger": time.Duration(0).String()}, nil
 }
 
 // relaySpec is what a scenario asks of the relay.
@@ -148,15 +141,13 @@ type relaySpec struct {
 	Observe         func(eventKind, int)
 }
 
-func newRelay(env *benchenv.Env, log *slog.Logger, s relaySpec) (runner, error) {
-	return outbox.NewRelay(env.Pool, env.JS, outbox.RelayConfig{
-		Stream:          refapp.StreamName,
+// newRelay builds a relay of env's installation: env.Outbox's commits wake it.
+func newRelay(env *benchenv.Env, s relaySpec) (runner, error) {
+	return idemrelay.New(observed(env, idem.ComponentRelay, s.Observe), idemrelay.Config{
 		BatchSize:       s.BatchSize,
 		AwaitProof:      s.AwaitProof,
 		AtomicPublish:   s.AtomicPublish,
 		OrderedSubjects: s.OrderedSubjects,
-		Logger:          log,
-		Observer:        relayObserver(s.Observe),
 	})
 }
 
@@ -165,14 +156,14 @@ func newRelay(env *benchenv.Env, log *slog.Logger, s relaySpec) (runner, error) 
 // hardly run in it, leaving out a cost every intent pays.
 const reconcileEvery = time.Second
 
-func newReconciler(env *benchenv.Env, log *slog.Logger) (runner, error) {
-	return reconcile.New(env.Pool, env.JS, reconcile.Config{Stream: refapp.StreamName, Interval: reconcileEvery, Logger: log})
+func newReconciler(env *benchenv.Env) (runner, error) {
+	return reconcile.New(env.Inst, reconcile.Config{Interval: reconcileEvery})
 }
 
 // unproven counts the published intents the reconciler has not yet proven
 // complete.
 func unproven(ctx context.Context, env *benchenv.Env) (int64, error) {
-	s, err := reconcile.ReadStatus(ctx, env.Pool, "")
+	s, err := reconcile.ReadStatus(ctx, env.Pool, env.Inst.Schema())
 	if err != nil {
 		return 0, err
 	}
@@ -194,8 +185,35 @@ type refApp interface {
 }
 
 // startRefApp runs the reference application as `go run ./cmd/worker` does: its
-// ingress, relay, reconciler, consumers and collector.
+// ingress, relay, reconciler, consumers and collector. The worker does not let
+// its reconciler's pass interval be tuned, so a second reconciler of the same
+// installation runs beside it with a pass every reconcileEvery (reconcilers
+// share the rows, each claimed by one pass): as two workers would run it.
 func startRefApp(ctx context.Context, env *benchenv.Env, log *slog.Logger) (refApp, error) {
-	return refapp.Start(ctx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log,
-		Reconcile: reconcile.Config{Interval: reconcileEvery}})
+	rec, err := newReconciler(env)
+	if err != nil {
+		return nil, err
+	}
+	svc, err := refapp.Start(ctx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	recCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	recDone := make(chan error, 1)
+	go func() { recDone <- rec.Run(recCtx) }()
+	return &refAppReconciled{refApp: svc, stop: stop, done: recDone}, nil
+}
+
+// refAppReconciled is the reference application and the benchmark's reconciler
+// beside it; Shutdown stops both.
+type refAppReconciled struct {
+	refApp
+	stop context.CancelFunc
+	done chan error
+}
+
+func (a *refAppReconciled) Shutdown(ctx context.Context) error {
+	err := a.refApp.Shutdown(ctx)
+	a.stop()
+	return errors.Join(err, <-a.done)
 }
