@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -14,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/app/runenv"
-	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/reconcile"
 )
 
 const consumersUsage = `usage: worker consumers rename OLD NEW [--force] [flags]
@@ -32,51 +31,57 @@ is refused unless --force), then deploy NEW: its durable consumer is created
 when it starts, reads what the stream holds, and its inbox folds the history.
 A new name deployed without this command runs every intent the stream still
 holds a second time.
-
 `
 
-func runConsumers(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "rename" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			fmt.Fprint(stderr, consumersUsage)
-			return nil
-		}
-		return usagef("consumers: want rename (see worker consumers -h)")
+// consumersRenameOptions are the flags and arguments of worker consumers rename.
+type consumersRenameOptions struct {
+	db       dbOptions
+	nats     natsOptions
+	force    bool
+	from, to string
+}
+
+func (o *consumersRenameOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	o.nats.flags(fs)
+	fs.BoolVar(&o.force, "force", false, "rename a consumer seen in the last five minutes (it must not be running)")
+}
+
+func (o *consumersRenameOptions) validate(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("consumers rename: want OLD and NEW, got %q", args)
 	}
-	var force bool
-	o, fs, rest, err := parseOps("worker consumers rename", consumersUsage, args[1:], stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&force, "force", false, "rename a consumer seen in the last five minutes (it must not be running)")
-	})
-	if err != nil {
-		return err
-	}
-	if len(rest) != 2 {
-		return usagef("consumers rename: want OLD and NEW, got %q", rest)
-	}
-	from, to := rest[0], rest[1]
+	o.from, o.to = args[0], args[1]
+	return nil
+}
+
+func (o *consumersRenameOptions) secrets() []*secret { return o.nats.secrets() }
+
+func runConsumersRename(o *consumersRenameOptions, stdout, _ io.Writer) error {
+	from, to := o.from, o.to
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, &o.db)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := reconcile.Rename(ctx, pool, o.schema, from, to, force); err != nil {
+	if err := reconcile.Rename(ctx, pool, o.db.schema, from, to, o.force); err != nil {
 		return fmt.Errorf("consumers rename: %w", err)
 	}
 	fmt.Fprintf(stdout, "renamed consumer %s to %s: its inbox, attempts, dead letters and registry entry\n", from, to)
 
-	url := o.natsURL
+	url := o.nats.url
 	var auth runenv.NATSAuth
 	if url == "" {
-		b, err := os.ReadFile(filepath.Join(o.dataDir, runenv.NATSURLFile))
+		b, err := os.ReadFile(filepath.Join(o.db.dataDir, runenv.NATSURLFile))
 		if err != nil {
 			return fmt.Errorf("consumers rename: renamed, but no --nats-url and no %s under --data-dir %s: delete the durable consumer %s on stream %s yourself (nats consumer rm %s %s)",
-				runenv.NATSURLFile, o.dataDir, from, refapp.StreamName, refapp.StreamName, from)
+				runenv.NATSURLFile, o.db.dataDir, from, refapp.StreamName, refapp.StreamName, from)
 		}
 		url = strings.TrimSpace(string(b))
 	} else {
-		auth = o.natsAuth
+		auth = o.nats.auth
 	}
 	deleted, err := deleteDurable(ctx, url, auth, refapp.StreamName, from)
 	if err != nil {

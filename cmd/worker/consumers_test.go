@@ -8,11 +8,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // `worker consumers rename` moves what a stopped consumer knows to its new name

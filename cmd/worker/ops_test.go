@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,16 +17,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/app/pgembed"
+	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/internal/app/runenv"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
-	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // opsDB is a test database with idem's tables in schema and the reference
@@ -459,17 +457,19 @@ func TestOpsFindThePrivatePostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	parse := func(args ...string) (*options, *flag.FlagSet) {
-		o, fs, _, err := parseOps("test", "", args, io.Discard, nil)
-		if err != nil {
+	parse := func(args ...string) *dbOptions {
+		var o dbOptions
+		fs := newFlagSet("test", noEnv)
+		o.flags(fs)
+		if _, err := fs.parse(args); err != nil {
 			t.Fatal(err)
 		}
-		return o, fs
+		return &o
 	}
 
-	o, fs := parse("--data-dir", dataDir)
+	o := parse("--data-dir", dataDir)
 	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable" // nothing answers at "the default"
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, o)
 	if err != nil {
 		t.Fatalf("did not find the private Postgres: %v", err)
 	}
@@ -479,15 +479,15 @@ func TestOpsFindThePrivatePostgres(t *testing.T) {
 	pool.Close()
 
 	// A database the user named is used or fails: never silently replaced.
-	o, fs = parse("--data-dir", dataDir, "--database-url", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable")
-	if _, err := openOpsPool(ctx, o, fs); err == nil {
+	o = parse("--data-dir", dataDir, "--database-url", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable")
+	if _, err := openOpsPool(ctx, o); err == nil {
 		t.Error("an explicit --database-url that does not answer was replaced")
 	}
 
 	// No private cluster either: say so.
-	o, fs = parse("--data-dir", t.TempDir())
+	o = parse("--data-dir", t.TempDir())
 	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
-	if _, err := openOpsPool(ctx, o, fs); err == nil || !strings.Contains(err.Error(), "no private Postgres was ever started") {
+	if _, err := openOpsPool(ctx, o); err == nil || !strings.Contains(err.Error(), "no private Postgres was ever started") {
 		t.Errorf("err = %v", err)
 	}
 }
