@@ -84,6 +84,7 @@ type command[T any, O interface {
 	run   func(o O, stdout, stderr io.Writer) error
 }
 
+// newCommand makes the command name: run's parameter is its options' type.
 func newCommand[T any, O interface {
 	*T
 	options

@@ -31,6 +31,13 @@ func deadEnv(t *testing.T) map[string]string {
 	}
 }
 
+// serviceOnNothing are the service's flags for a database and a broker that are
+// not there: a test that runs the service expecting a refusal cannot start a
+// real worker.
+func serviceOnNothing(t *testing.T) []string {
+	return []string{"--database-url", deadEnv(t)["DATABASE_URL"], "--nats-url", "nats://127.0.0.1:1", "--data-dir", t.TempDir(), "--http-addr", "127.0.0.1:0"}
+}
+
 // The flags each command takes: the database's, the NATS connection's, the HTTP
 // address, where it uses them, and its own; nothing else.
 func TestEachCommandTakesOnlyItsFlags(t *testing.T) {
@@ -118,7 +125,11 @@ func TestCommandsRefuseFlagsTheyDoNotTake(t *testing.T) {
 		{[]string{"--no-such-flag"}, "", "no-such-flag", ""},
 		{[]string{"stats", "--no-such-flag"}, "stats", "no-such-flag", ""},
 	} {
-		out, errs, code := runIn(deadEnv(t), tc.args...)
+		args := tc.args
+		if tc.path == "" {
+			args = append(slices.Clone(args), serviceOnNothing(t)...)
+		}
+		out, errs, code := runIn(deadEnv(t), args...)
 		prefix := ""
 		if tc.path != "" {
 			prefix = tc.path + ": "
@@ -238,31 +249,34 @@ func TestEnvironmentFallbacksPerCommand(t *testing.T) {
 		code int
 		want string // in stdout, or else stderr
 	}{
-		// IDEM_SCHEMA reaches each command that reads the database.
+		// IDEM_SCHEMA reaches each command that reads the database. (Named on
+		// the command line, the database is not there: should the variable not
+		// be read, nothing is touched.)
 		{[]string{"migrate", "--print"}, with(foreign, map[string]string{"IDEM_SCHEMA": "billing"}), exitOK, `CREATE SCHEMA IF NOT EXISTS "billing"`},
-		{[]string{"partition"}, with(foreign, map[string]string{"IDEM_SCHEMA": "Bad-Name"}), exitUsage, `partition: --schema: schema "Bad-Name"`},
-		{[]string{"inspect", "k"}, with(foreign, map[string]string{"IDEM_SCHEMA": "Bad-Name"}), exitUsage, `inspect: --schema: schema "Bad-Name"`},
-		{[]string{"stats"}, with(foreign, map[string]string{"IDEM_SCHEMA": "Bad-Name"}), exitUsage, `stats: --schema: schema "Bad-Name"`},
+		{[]string{"partition", "--database-url", dead["DATABASE_URL"]}, with(foreign, map[string]string{"IDEM_SCHEMA": "Bad-Name"}), exitUsage, `partition: --schema: schema "Bad-Name"`},
+		{[]string{"inspect", "k", "--database-url", dead["DATABASE_URL"]}, with(foreign, map[string]string{"IDEM_SCHEMA": "Bad-Name"}), exitUsage, `inspect: --schema: schema "Bad-Name"`},
+		{[]string{"stats", "--database-url", dead["DATABASE_URL"]}, with(foreign, map[string]string{"IDEM_SCHEMA": "Bad-Name"}), exitUsage, `stats: --schema: schema "Bad-Name"`},
 		// DATABASE_URL names the database: it is used, not replaced by the data
-		// dir's guess.
-		{[]string{"dead-letters", "list"}, with(foreign, dead), exitError, "127.0.0.1"},
-		{[]string{"dead-letters", "replay", "--all"}, with(foreign, dead), exitError, "no Postgres answers"},
-		{[]string{"consumers", "rename", "a", "b"}, with(foreign, dead), exitError, "no Postgres answers"},
+		// dir's guess. (Read-only commands: should the variable not be read, they
+		// would only read the default database.)
+		{[]string{"dead-letters", "list"}, with(foreign, dead), exitError, "127.0.0.1:1"},
+		{[]string{"stats"}, with(foreign, dead), exitError, "127.0.0.1:1"},
 		// IDEM_HTTP_ADDR is where healthcheck asks.
 		{[]string{"healthcheck", "--json"}, with(foreign, map[string]string{"IDEM_HTTP_ADDR": readyAddr}), exitOK, `"url":"http://` + readyAddr + `/readyz"`},
 		// The NATS password's file, for the commands that take it.
-		{[]string{"stats"}, with(foreign, map[string]string{"IDEM_NATS_PASSWORD_FILE": "/nonexistent/pw"}), exitError, "--nats-password-file"},
-		{[]string{"consumers", "rename", "a", "b"}, with(foreign, map[string]string{"IDEM_NATS_PASSWORD_FILE": "/nonexistent/pw"}), exitError, "--nats-password-file"},
-		// The service reads its own.
-		{nil, with(dead, map[string]string{"IDEM_SHUTDOWN_TIMEOUT": "soon"}), exitUsage, "IDEM_SHUTDOWN_TIMEOUT: want a positive duration"},
-		{nil, with(dead, map[string]string{"IDEM_ACK_WAIT": "-1s"}), exitUsage, "IDEM_ACK_WAIT: want a positive duration"},
-		{nil, with(dead, map[string]string{"IDEM_CONSOLE_TOKEN_FILE": "/nonexistent"}), exitError, "--console-token-file"},
+		{[]string{"stats", "--database-url", dead["DATABASE_URL"]}, with(foreign, map[string]string{"IDEM_NATS_PASSWORD_FILE": "/nonexistent/pw"}), exitError, "--nats-password-file"},
+		{[]string{"consumers", "rename", "a", "b", "--database-url", dead["DATABASE_URL"]}, with(foreign, map[string]string{"IDEM_NATS_PASSWORD_FILE": "/nonexistent/pw"}), exitError, "--nats-password-file"},
+		// The service reads its own. (Its database and data dir are flags here:
+		// should the variable not be read, it would start on nothing.)
+		{serviceOnNothing(t), map[string]string{"IDEM_SHUTDOWN_TIMEOUT": "soon"}, exitUsage, "IDEM_SHUTDOWN_TIMEOUT: want a positive duration"},
+		{serviceOnNothing(t), map[string]string{"IDEM_ACK_WAIT": "-1s"}, exitUsage, "IDEM_ACK_WAIT: want a positive duration"},
+		{serviceOnNothing(t), map[string]string{"IDEM_CONSOLE_TOKEN_FILE": "/nonexistent"}, exitError, "--console-token-file"},
 	} {
 		out, errs, code := runIn(tc.env, tc.args...)
 		if code != tc.code || !strings.Contains(out+errs, tc.want) {
 			t.Errorf("%q with %v: exit %d, stdout %q, stderr %q; want %d and %q", tc.args, tc.env, code, out, errs, tc.code, tc.want)
 		}
-		if tc.args != nil && strings.Contains(errs, "IDEM_") && !strings.Contains(tc.want, "IDEM_") {
+		if tc.args[0] != "--database-url" && strings.Contains(errs, "IDEM_") && !strings.Contains(tc.want, "IDEM_") {
 			t.Errorf("%q: a variable of a flag it does not take was read:\n%s", tc.args, errs)
 		}
 	}
