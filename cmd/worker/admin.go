@@ -7,11 +7,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,14 +19,15 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
-func openPool(ctx context.Context, o *options) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, o.databaseURL)
+func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
@@ -50,26 +49,34 @@ Exit status: 0 ok, 1 error, 2 usage error.
 flags:
 `
 
-func runMigrate(args []string, stdout, stderr io.Writer) error {
-	var print, asJSON bool
-	o, fs, rest, err := parseOps("worker migrate", migrateUsage, args, stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&print, "print", false, "write the SQL to stdout instead of applying it")
-		fs.BoolVar(&asJSON, "json", false, "print what was applied as JSON")
-	})
-	if err != nil {
-		return err
+// migrateOptions are the flags and arguments of worker migrate.
+type migrateOptions struct {
+	db            dbOptions
+	print, asJSON bool
+}
+
+func (o *migrateOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	fs.BoolVar(&o.print, "print", false, "write the SQL to stdout instead of applying it")
+	fs.BoolVar(&o.asJSON, "json", false, "print what was applied as JSON")
+}
+
+func (o *migrateOptions) validate(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("migrate: unexpected arguments %q", args)
 	}
-	if len(rest) > 0 {
-		return usagef("migrate: unexpected arguments %q", rest)
+	if o.print && o.asJSON {
+		return errors.New("migrate: --print writes SQL, not JSON: give one of --print and --json")
 	}
-	if print && asJSON {
-		return usagef("migrate: --print writes SQL, not JSON: give one of --print and --json")
+	if err := pgschema.Validate(o.db.schema); err != nil {
+		return fmt.Errorf("migrate: --schema: %w", err)
 	}
-	if err := pgschema.Validate(o.schema); err != nil {
-		return usagef("migrate: --schema: %w", err)
-	}
-	if print {
-		sql, err := migrations.SQL(migrations.Config{Schema: o.schema})
+	return nil
+}
+
+func runMigrate(o *migrateOptions, stdout, _ io.Writer) error {
+	if o.print {
+		sql, err := migrations.SQL(migrations.Config{Schema: o.db.schema})
 		if err != nil {
 			return err
 		}
@@ -79,19 +86,19 @@ func runMigrate(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, &o.db)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	applied, err := migrations.Apply(ctx, pool, migrations.Config{Schema: o.schema})
+	applied, err := migrations.Apply(ctx, pool, migrations.Config{Schema: o.db.schema})
 	if err != nil {
 		return err
 	}
 	if err := refapp.Migrate(ctx, pool); err != nil {
 		return err
 	}
-	if asJSON {
+	if o.asJSON {
 		names := make([]string, len(applied))
 		for i, a := range applied {
 			names[i] = fmt.Sprint(a)
@@ -139,8 +146,6 @@ arguments.
 
 Exit status: 0 ok; 1 an error, or (replay) some dead letter was refused; 2 a usage
 error (unknown flag, bad flag value, a wrong combination of ID, filters and --all).
-
-flags:
 `
 
 // deadLetterFilter is the selection flags of both subcommands.
@@ -150,7 +155,7 @@ type deadLetterFilter struct {
 	set   []string // the selecting flags given, for messages
 }
 
-func (d *deadLetterFilter) register(fs *flag.FlagSet, defaultLimit int) {
+func (d *deadLetterFilter) register(fs *flagSet, defaultLimit int) {
 	fs.Func("consumer", "only the dead letters of consumer `C`", func(v string) error {
 		d.f.Consumer = v
 		d.set = append(d.set, "--consumer")
@@ -175,6 +180,15 @@ func (d *deadLetterFilter) register(fs *flag.FlagSet, defaultLimit int) {
 	fs.IntVar(&d.limit, "limit", defaultLimit, "at most `N` dead letters (0: no limit)")
 }
 
+// validate checks the selection of dead-letters sub (list or replay).
+func (d *deadLetterFilter) validate(sub string) error {
+	if d.limit < 0 {
+		return fmt.Errorf("dead-letters %s: --limit must not be negative", sub)
+	}
+	d.f.Limit = d.limit
+	return nil
+}
+
 // parseSince reads a time flag: a duration back from now, or an RFC 3339 time.
 func parseSince(v string, now time.Time) (time.Time, error) {
 	if d, err := time.ParseDuration(v); err == nil {
@@ -190,88 +204,115 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 	return t, nil
 }
 
-func runDeadLetters(args []string, stdout, stderr io.Writer) error {
-	// Flags may precede list or replay: find it the way run finds the subcommand.
-	known, _ := newFlagSet("worker dead-letters", io.Discard)
-	new(deadLetterFilter).register(known, 0)
-	sub, args := splitCommand(args, known, []string{"list", "replay"})
-	switch sub {
-	case "":
-		if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
-			fmt.Fprint(stderr, deadLettersUsage)
-			return flag.ErrHelp
-		}
-		return usagef("dead-letters: want list or replay (see worker dead-letters -h)")
-	case "list", "replay":
-	default:
-		return usagef("dead-letters: unknown subcommand %q (want list or replay)", sub)
-	}
-	var (
-		sel         deadLetterFilter
-		asJSON, all bool
-		opts        consumer.ReplayOptions
-	)
-	o, fs, rest, err := parseOps("worker dead-letters "+sub, deadLettersUsage, args, stderr, func(fs *flag.FlagSet) {
-		if sub == "list" {
-			sel.register(fs, 100)
-			fs.BoolVar(&asJSON, "json", false, "print JSON lines instead of a table")
-			return
-		}
-		sel.register(fs, 0)
-		fs.BoolVar(&asJSON, "json", false, "accepted for symmetry: replay always prints JSON lines")
-		fs.BoolVar(&all, "all", false, "replay every dead letter not yet replayed")
-		fs.BoolVar(&opts.DryRun, "dry-run", false, "write nothing: print what would be replayed and what refused")
-		fs.BoolVar(&opts.Force, "force", false, "replay dead letters past (or with an unknown) replay horizon; may run an effect twice if the consumer had completed this key before")
-	})
-	if err != nil {
+// deadLettersListOptions are the flags of worker dead-letters list.
+type deadLettersListOptions struct {
+	db     dbOptions
+	sel    deadLetterFilter
+	asJSON bool
+}
+
+func (o *deadLettersListOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	o.sel.register(fs, 100)
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON lines instead of a table")
+}
+
+func (o *deadLettersListOptions) validate(args []string) error {
+	if err := o.sel.validate("list"); err != nil {
 		return err
 	}
-	if sel.limit < 0 {
-		return usagef("dead-letters %s: --limit must not be negative", sub)
+	if len(args) > 0 {
+		return fmt.Errorf("dead-letters list: unexpected arguments %q", args)
 	}
-	sel.f.Limit = sel.limit
-	id := int64(0)
-	switch {
-	case sub == "list" && len(rest) > 0:
-		return usagef("dead-letters list: unexpected arguments %q", rest)
-	case sub == "replay" && len(rest) > 1:
-		return usagef("dead-letters replay: want at most one ID, got %q", rest)
-	case sub == "replay" && len(rest) == 1:
-		if id, err = strconv.ParseInt(rest[0], 10, 64); err != nil || id <= 0 {
-			return usagef("dead-letters replay: bad ID %q", rest[0])
-		}
-		if all || len(sel.set) > 0 || sel.f.IncludeReplayed || sel.limit != 0 {
-			return usagef("dead-letters replay: give an ID or a selection (filters, --all), not both")
-		}
-	case sub == "replay" && all && len(sel.set) > 0:
-		return usagef("dead-letters replay: --all selects every dead letter; drop it to replay only what %s select", strings.Join(sel.set, ", "))
-	case sub == "replay" && !all && len(sel.set) == 0:
-		return usagef("dead-letters replay: want an ID, a filter (--consumer, --reason, --since, --until) or --all")
-	}
+	return nil
+}
 
+func runDeadLettersList(o *deadLettersListOptions, stdout, stderr io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	dls, done, err := openDeadLetters(ctx, &o.db)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	dls, err := consumer.NewDeadLetters(pool, o.schema)
-	if err != nil {
+	defer done()
+	return listDeadLetters(ctx, dls, o.sel.f, o.asJSON, stdout, stderr)
+}
+
+// deadLettersReplayOptions are the flags and arguments of worker dead-letters
+// replay.
+type deadLettersReplayOptions struct {
+	db          dbOptions
+	sel         deadLetterFilter
+	asJSON, all bool
+	opts        consumer.ReplayOptions
+	id          int64 // 0: the selection
+}
+
+func (o *deadLettersReplayOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	o.sel.register(fs, 0)
+	fs.BoolVar(&o.asJSON, "json", false, "accepted for symmetry: replay always prints JSON lines")
+	fs.BoolVar(&o.all, "all", false, "replay every dead letter not yet replayed")
+	fs.BoolVar(&o.opts.DryRun, "dry-run", false, "write nothing: print what would be replayed and what refused")
+	fs.BoolVar(&o.opts.Force, "force", false, "replay dead letters past (or with an unknown) replay horizon; may run an effect twice if the consumer had completed this key before")
+}
+
+func (o *deadLettersReplayOptions) validate(args []string) error {
+	if err := o.sel.validate("replay"); err != nil {
 		return err
 	}
 	switch {
-	case sub == "list":
-		return listDeadLetters(ctx, dls, sel.f, asJSON, stdout, stderr)
-	case id > 0:
-		return replayDeadLetter(ctx, dls, id, opts, stdout, stderr)
-	default:
-		rep, err := dls.Replay(ctx, sel.f, opts)
-		if werr := writeReplayReport(rep, opts, stdout, stderr); err == nil {
-			err = werr
+	case len(args) > 1:
+		return fmt.Errorf("dead-letters replay: want at most one ID, got %q", args)
+	case len(args) == 1:
+		id, err := strconv.ParseInt(args[0], 10, 64)
+		if err != nil || id <= 0 {
+			return fmt.Errorf("dead-letters replay: bad ID %q", args[0])
 		}
+		if o.all || len(o.sel.set) > 0 || o.sel.f.IncludeReplayed || o.sel.limit != 0 {
+			return errors.New("dead-letters replay: give an ID or a selection (filters, --all), not both")
+		}
+		o.id = id
+	case o.all && len(o.sel.set) > 0:
+		return fmt.Errorf("dead-letters replay: --all selects every dead letter; drop it to replay only what %s select", strings.Join(o.sel.set, ", "))
+	case !o.all && len(o.sel.set) == 0:
+		return errors.New("dead-letters replay: want an ID, a filter (--consumer, --reason, --since, --until) or --all")
+	}
+	return nil
+}
+
+func runDeadLettersReplay(o *deadLettersReplayOptions, stdout, stderr io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	dls, done, err := openDeadLetters(ctx, &o.db)
+	if err != nil {
 		return err
 	}
+	defer done()
+	if o.id > 0 {
+		return replayDeadLetter(ctx, dls, o.id, o.opts, stdout, stderr)
+	}
+	rep, err := dls.Replay(ctx, o.sel.f, o.opts)
+	if werr := writeReplayReport(rep, o.opts, stdout, stderr); err == nil {
+		err = werr
+	}
+	return err
+}
+
+// openDeadLetters opens the database of d for the dead-letter commands.
+func openDeadLetters(ctx context.Context, d *dbOptions) (*consumer.DeadLetters, func(), error) {
+	pool, err := openOpsPool(ctx, d)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The dead letters need no broker: a replay goes through the outbox, which the
+	// running workers' relays publish.
+	inst, err := install.New(pool, nil, refapp.Config{Schema: d.schema}.InstallConfig())
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return consumer.NewDeadLetters(inst), pool.Close, nil
 }
 
 func listDeadLetters(ctx context.Context, dls *consumer.DeadLetters, f consumer.Filter, asJSON bool, stdout, stderr io.Writer) error {
@@ -388,22 +429,29 @@ type healthStatus struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// runHealthcheck asks a running worker's /readyz; for container health checks,
-// where the image has no curl.
-func runHealthcheck(args []string, stdout, stderr io.Writer) error {
-	var asJSON bool
-	o, _, rest, err := parseOps("worker healthcheck", healthcheckUsage, args, stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&asJSON, "json", false, "print the status as JSON")
-	})
-	if err != nil {
-		return err
+// healthcheckOptions are the flags of worker healthcheck, which asks a running
+// worker's /readyz; for container health checks, where the image has no curl.
+type healthcheckOptions struct {
+	httpAddr string
+	asJSON   bool
+}
+
+func (o *healthcheckOptions) flags(fs *flagSet) {
+	httpAddrVar(fs, &o.httpAddr)
+	fs.BoolVar(&o.asJSON, "json", false, "print the status as JSON")
+}
+
+func (o *healthcheckOptions) validate(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("healthcheck: unexpected arguments %q", args)
 	}
-	if len(rest) > 0 {
-		return usagef("healthcheck: unexpected arguments %q", rest)
-	}
+	return nil
+}
+
+func runHealthcheck(o *healthcheckOptions, stdout, _ io.Writer) error {
 	st := healthStatus{URL: "http://" + o.httpAddr + "/readyz"}
-	err = checkReady(&st)
-	if asJSON {
+	err := checkReady(&st)
+	if o.asJSON {
 		if st.Error = ""; err != nil {
 			st.Error = err.Error()
 		}

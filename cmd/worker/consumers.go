@@ -1,10 +1,8 @@
 package main
 
 import (
-	"github.com/idemkit/idem/internal/registry"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -12,18 +10,26 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/app/runenv"
-	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/embeddednats"
 )
 
 const consumersUsage = `usage: worker consumers rename OLD NEW [--force] [flags]
+       worker consumers forget NAME [flags]
 
-Renames a registered consumer and keeps everything it knows: its inbox, its
+forget removes a retired consumer from the installation's registry: until then
+every intent it reads waits for it, is re-driven to it, and is finally alerted
+as a dead letter. A consumer that still runs registers itself again when it
+restarts.
+
+rename
+renames a registered consumer and keeps everything it knows: its inbox, its
 attempt counts, its dead letters and its registry entry move to the new name, so
 the renamed consumer folds every intent the old name settled. Then the old
 name's durable JetStream consumer is deleted.
@@ -33,51 +39,57 @@ is refused unless --force), then deploy NEW: its durable consumer is created
 when it starts, reads what the stream holds, and its inbox folds the history.
 A new name deployed without this command runs every intent the stream still
 holds a second time.
-
 `
 
-func runConsumers(args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "rename" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
-			fmt.Fprint(stderr, consumersUsage)
-			return nil
-		}
-		return usagef("consumers: want rename (see worker consumers -h)")
+// consumersRenameOptions are the flags and arguments of worker consumers rename.
+type consumersRenameOptions struct {
+	db       dbOptions
+	nats     natsOptions
+	force    bool
+	from, to string
+}
+
+func (o *consumersRenameOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	o.nats.flags(fs)
+	fs.BoolVar(&o.force, "force", false, "rename a consumer seen in the last five minutes (it must not be running)")
+}
+
+func (o *consumersRenameOptions) validate(args []string) error {
+	if len(args) != 2 {
+		return fmt.Errorf("consumers rename: want OLD and NEW, got %q", args)
 	}
-	var force bool
-	o, fs, rest, err := parseOps("worker consumers rename", consumersUsage, args[1:], stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&force, "force", false, "rename a consumer seen in the last five minutes (it must not be running)")
-	})
-	if err != nil {
-		return err
-	}
-	if len(rest) != 2 {
-		return usagef("consumers rename: want OLD and NEW, got %q", rest)
-	}
-	from, to := rest[0], rest[1]
+	o.from, o.to = args[0], args[1]
+	return nil
+}
+
+func (o *consumersRenameOptions) secrets() []*secret { return o.nats.secrets() }
+
+func runConsumersRename(o *consumersRenameOptions, stdout, _ io.Writer) error {
+	from, to := o.from, o.to
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, &o.db)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if err := registry.Rename(ctx, pool, o.schema, from, to, force); err != nil {
+	if err := registry.Rename(ctx, pool, o.db.schema, from, to, o.force); err != nil {
 		return fmt.Errorf("consumers rename: %w", err)
 	}
 	fmt.Fprintf(stdout, "renamed consumer %s to %s: its inbox, attempts, dead letters and registry entry\n", from, to)
 
-	url := o.natsURL
+	url := o.nats.url
 	var auth runenv.NATSAuth
 	if url == "" {
-		b, err := os.ReadFile(filepath.Join(o.dataDir, runenv.NATSURLFile))
+		b, err := os.ReadFile(filepath.Join(o.db.dataDir, runenv.NATSURLFile))
 		if err != nil {
 			return fmt.Errorf("consumers rename: renamed, but no --nats-url and no %s under --data-dir %s: delete the durable consumer %s on stream %s yourself (nats consumer rm %s %s)",
-				runenv.NATSURLFile, o.dataDir, from, refapp.StreamName, refapp.StreamName, from)
+				runenv.NATSURLFile, o.db.dataDir, from, refapp.StreamName, refapp.StreamName, from)
 		}
 		url = strings.TrimSpace(string(b))
 	} else {
-		auth = o.natsAuth
+		auth = o.nats.auth
 	}
 	deleted, err := deleteDurable(ctx, url, auth, refapp.StreamName, from)
 	if err != nil {
@@ -89,6 +101,43 @@ func runConsumers(args []string, stdout, stderr io.Writer) error {
 	} else {
 		fmt.Fprintf(stdout, "stream %s had no durable consumer %s\n", refapp.StreamName, from)
 	}
+	return nil
+}
+
+// consumersForgetOptions are the flags and argument of worker consumers forget.
+type consumersForgetOptions struct {
+	db   dbOptions
+	name string
+}
+
+func (o *consumersForgetOptions) flags(fs *flagSet) { o.db.flags(fs) }
+
+func (o *consumersForgetOptions) validate(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("consumers forget: want NAME, got %q", args)
+	}
+	o.name = args[0]
+	return nil
+}
+
+func (o *consumersForgetOptions) secrets() []*secret { return nil }
+
+func runConsumersForget(o *consumersForgetOptions, stdout, _ io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
+	defer cancel()
+	pool, err := openOpsPool(ctx, &o.db)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	forgot, err := registry.Forget(ctx, pool, o.db.schema, o.name)
+	if err != nil {
+		return fmt.Errorf("consumers forget: %w", err)
+	}
+	if !forgot {
+		return fmt.Errorf("consumers forget: no consumer %s is registered (worker stats lists them)", o.name)
+	}
+	fmt.Fprintf(stdout, "forgot consumer %s: intents no longer wait for it\n", o.name)
 	return nil
 }
 

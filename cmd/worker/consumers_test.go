@@ -1,19 +1,18 @@
 package main
 
 import (
-	"github.com/idemkit/idem/internal/registry"
 	"context"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/registry"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // `worker consumers rename` moves what a stopped consumer knows to its new name
@@ -32,7 +31,7 @@ func TestConsumersRename(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.EnsureStream(ctx, js, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.CreateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{Durable: "charges", FilterSubject: refapp.SubjectCharge, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
@@ -69,5 +68,33 @@ func TestConsumersRename(t *testing.T) {
 
 	if _, _, code := worker(t, append([]string{"consumers", "rename", "ledger"}, flags...)...); code != exitUsage {
 		t.Errorf("rename with one name: exit %d, want %d", code, exitUsage)
+	}
+}
+
+// worker consumers forget removes a retired consumer from the registry, so that
+// intents stop waiting for it, and says so when the name is not registered.
+func TestConsumersForget(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	if _, err := registry.Register(ctx, db.Pool, "", registry.Consumer{Name: "audit", Stream: refapp.StreamName, FilterSubject: refapp.SubjectCharge, KeyLifetime: 72 * time.Hour}, false); err != nil {
+		t.Fatal(err)
+	}
+	flags := []string{"--database-url", db.URL}
+	out, errs, code := worker(t, append([]string{"consumers", "forget", "audit"}, flags...)...)
+	if code != exitOK {
+		t.Fatalf("forget: exit %d: %s", code, errs)
+	}
+	mustContain(t, "forget", out, "forgot consumer audit")
+	if n := db.Count(t, `SELECT count(*) FROM idem_consumers WHERE name = 'audit'`); n != 0 {
+		t.Errorf("audit still registered (%d rows)", n)
+	}
+	_, errs, code = worker(t, append([]string{"consumers", "forget", "audit"}, flags...)...)
+	if code != exitError {
+		t.Fatalf("forget of a name not registered: exit %d (%s), want %d", code, errs, exitError)
+	}
+	mustContain(t, "forget again", errs, "no consumer audit is registered")
+	if _, errs, code = worker(t, append([]string{"consumers", "forget", "audit", "--nats-url", "nats://x"}, flags...)...); code != exitUsage {
+		t.Errorf("forget with a NATS flag it does not take: exit %d (%s), want %d", code, errs, exitUsage)
 	}
 }

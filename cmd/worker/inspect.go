@@ -1,17 +1,15 @@
 package main
 
 // worker inspect KEY: everything idem knows about one idempotency key. This file
-// also holds what inspect and stats share: flag parsing that lets flags follow the
-// KEY, and finding the database (the one the worker of --data-dir recorded,
-// including the private Postgres a zero-setup worker started there).
+// also holds what the operator commands share: finding the database (the one the
+// worker of --data-dir recorded, including the private Postgres a zero-setup
+// worker started there), and printing.
 
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,10 +19,10 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/app/pgembed"
-	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/app/runenv"
 	"github.com/idemkit/idem/internal/ops"
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/pgschema"
 )
 
 // opsTimeout bounds an operator command: it reads, and should never hang a shell.
@@ -45,56 +43,63 @@ usage error.
 flags:
 `
 
-func runInspect(args []string, stdout, stderr io.Writer) error {
-	var (
-		scope  string
-		asJSON bool
-	)
-	o, fs, rest, err := parseOps("worker inspect", inspectUsage, args, stderr, func(fs *flag.FlagSet) {
-		fs.StringVar(&scope, "scope", "", "the key's Idempotency-Scope (tenant); empty for none")
-		fs.BoolVar(&asJSON, "json", false, "print JSON instead of text")
-	})
-	if err != nil {
-		return err
-	}
-	if len(rest) != 1 {
-		return usagef("inspect: want exactly one KEY, got %d arguments (see worker inspect -h)", len(rest))
+// inspectOptions are the flags and the argument of worker inspect.
+type inspectOptions struct {
+	db     dbOptions
+	scope  string
+	asJSON bool
+	key    idem.Key
+}
+
+func (o *inspectOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	fs.StringVar(&o.scope, "scope", "", "the key's Idempotency-Scope (tenant); empty for none")
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of text")
+}
+
+func (o *inspectOptions) validate(args []string) error {
+	if len(args) != 1 {
+		return fmt.Errorf("inspect: want exactly one KEY, got %d arguments (see worker inspect -h)", len(args))
 	}
 	// A scoped key pasted from a log or from the outbox is split back into scope
 	// and key; a bare key parses as itself, with no scope.
-	keyScope, key, err := idem.ParseScopedKey(rest[0])
+	keyScope, key, err := idem.ParseScopedKey(args[0])
 	if err != nil {
-		return usagef("inspect: %w", err)
+		return fmt.Errorf("inspect: %w", err)
 	}
 	if keyScope != "" {
-		if scope != "" && scope != keyScope {
-			return usagef("inspect: KEY is scoped to %q but --scope says %q", keyScope, scope)
+		if o.scope != "" && o.scope != keyScope {
+			return fmt.Errorf("inspect: KEY is scoped to %q but --scope says %q", keyScope, o.scope)
 		}
-		scope = keyScope
+		o.scope = keyScope
 	}
-	if err := idem.ValidateScope(scope); err != nil {
-		return usagef("inspect: --scope: %w", err)
+	if err := idem.ValidateScope(o.scope); err != nil {
+		return fmt.Errorf("inspect: --scope: %w", err)
 	}
-	if err := pgschema.Validate(o.schema); err != nil {
-		return usagef("inspect: --schema: %w", err)
+	if err := pgschema.Validate(o.db.schema); err != nil {
+		return fmt.Errorf("inspect: --schema: %w", err)
 	}
+	o.key = key
+	return nil
+}
 
+func runInspect(o *inspectOptions, stdout, _ io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, &o.db)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	r, err := ops.New(pool, ops.Config{Schema: o.schema, Effects: refapp.InspectEffects})
+	r, err := ops.New(pool, ops.Config{Schema: o.db.schema, Effects: refapp.InspectEffects})
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	rep, err := r.Inspect(ctx, scope, key)
+	rep, err := r.Inspect(ctx, o.scope, o.key)
 	if err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
-	if asJSON {
+	if o.asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
@@ -118,39 +123,6 @@ func scopeName(scope string) string {
 	return fmt.Sprintf("scope %q", scope)
 }
 
-// parseOps parses an operator command's flags: the shared ones, plus those extra
-// adds. Unlike flag.Parse it also accepts flags after positional arguments
-// (`worker inspect KEY --scope acme`); "--" ends the flags, for a key that starts
-// with "-".
-func parseOps(name, usage string, args []string, stderr io.Writer, extra func(*flag.FlagSet)) (*options, *flag.FlagSet, []string, error) {
-	fs, o := newFlagSet(name, stderr)
-	if extra != nil {
-		extra(fs)
-	}
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, nil, nil, usageError{err}
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			if err := o.readSecretFiles(); err != nil {
-				return nil, nil, nil, err
-			}
-			return o, fs, positional, nil
-		}
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			if err := o.readSecretFiles(); err != nil {
-				return nil, nil, nil, err
-			}
-			return o, fs, append(positional, rest...), nil
-		}
-		positional = append(positional, rest[0])
-		args = rest[1:]
-	}
-}
-
 // openOpsPool connects to the database like openPool. When the user named no
 // database (neither --database-url nor DATABASE_URL), it goes where the worker of
 // --data-dir runs, as that worker recorded it (runenv.DatabaseFile): its private
@@ -158,42 +130,41 @@ func parseOps(name, usage string, args []string, stderr io.Writer, extra func(*f
 // A data dir without a record (a worker of an earlier version) gets the old
 // guess: the default URL, else the private Postgres under --data-dir. It takes no
 // lock: it runs beside the worker.
-func openOpsPool(ctx context.Context, o *options, fs *flag.FlagSet) (*pgxpool.Pool, error) {
-	if databaseURLExplicit(fs) || o.dataDir == "" {
-		return openPool(ctx, o)
+func openOpsPool(ctx context.Context, d *dbOptions) (*pgxpool.Pool, error) {
+	if d.databaseNamed() || d.dataDir == "" {
+		return openPool(ctx, d.databaseURL)
 	}
-	rec, err := runenv.ReadDatabaseRecord(o.dataDir)
+	rec, err := runenv.ReadDatabaseRecord(d.dataDir)
 	if err != nil {
 		return nil, err
 	}
-	dir := filepath.Join(o.dataDir, pgembed.Subdir)
-	recordFile := filepath.Join(o.dataDir, runenv.DatabaseFile)
+	dir := filepath.Join(d.dataDir, pgembed.Subdir)
+	recordFile := filepath.Join(d.dataDir, runenv.DatabaseFile)
 	var pool *pgxpool.Pool
-	url := o.databaseURL
+	url := d.databaseURL
 	switch {
 	case rec == nil:
-		return openGuessedPool(ctx, o, dir)
+		return openGuessedPool(ctx, d, dir)
 	case rec.Private:
 		private, err := pgembed.URL(dir)
 		if err != nil {
-			return nil, fmt.Errorf("the worker of data dir %s runs on its private Postgres (%s), but: %w", o.dataDir, recordFile, err)
+			return nil, fmt.Errorf("the worker of data dir %s runs on its private Postgres (%s), but: %w", d.dataDir, recordFile, err)
 		}
-		o2 := *o
-		o2.databaseURL, url = private, private
-		if pool, err = openPool(ctx, &o2); err != nil {
+		url = private
+		if pool, err = openPool(ctx, private); err != nil {
 			return nil, fmt.Errorf("the worker of data dir %s runs on its private Postgres under %s (%s): is the worker running? %w",
-				o.dataDir, dir, runenv.Redact(private), err)
+				d.dataDir, dir, runenv.Redact(private), err)
 		}
 	default:
-		if runenv.Redact(o.databaseURL) != rec.URL {
+		if runenv.Redact(d.databaseURL) != rec.URL {
 			return nil, fmt.Errorf("the worker of data dir %s runs on the database at %s (%s): give it with --database-url or DATABASE_URL",
-				o.dataDir, rec.URL, recordFile)
+				d.dataDir, rec.URL, recordFile)
 		}
-		if pool, err = openPool(ctx, o); err != nil {
+		if pool, err = openPool(ctx, d.databaseURL); err != nil {
 			return nil, err
 		}
 	}
-	if err := rec.Check(ctx, pool, o.dataDir, url); err != nil {
+	if err := rec.Check(ctx, pool, d.dataDir, url); err != nil {
 		pool.Close()
 		return nil, err
 	}
@@ -202,8 +173,8 @@ func openOpsPool(ctx context.Context, o *options, fs *flag.FlagSet) (*pgxpool.Po
 
 // openGuessedPool is openOpsPool for a data dir without a database record: the
 // default URL, and when nothing answers there the private Postgres under dir.
-func openGuessedPool(ctx context.Context, o *options, dir string) (*pgxpool.Pool, error) {
-	pool, err := openPool(ctx, o)
+func openGuessedPool(ctx context.Context, d *dbOptions, dir string) (*pgxpool.Pool, error) {
+	pool, err := openPool(ctx, d.databaseURL)
 	if err == nil {
 		return pool, nil
 	}
@@ -211,25 +182,12 @@ func openGuessedPool(ctx context.Context, o *options, dir string) (*pgxpool.Pool
 	if perr != nil {
 		return nil, fmt.Errorf("%w (and no private Postgres was ever started under %s: set --database-url or DATABASE_URL)", err, dir)
 	}
-	o2 := *o
-	o2.databaseURL = private
-	pool, perr = openPool(ctx, &o2)
+	pool, perr = openPool(ctx, private)
 	if perr != nil {
 		return nil, fmt.Errorf("%w; nor does the worker's private Postgres under %s (%s): is the worker running? %v",
 			err, dir, runenv.Redact(private), perr)
 	}
 	return pool, nil
-}
-
-// databaseURLExplicit reports whether the user named a database.
-func databaseURLExplicit(fs *flag.FlagSet) bool {
-	set := os.Getenv("DATABASE_URL") != ""
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name == "database-url" {
-			set = true
-		}
-	})
-	return set
 }
 
 // writeKeyReport prints rep for a person: one section per hop of the intent's

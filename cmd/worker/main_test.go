@@ -28,13 +28,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/internal/app/runenv"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 func TestUsageAndBadFlags(t *testing.T) {
@@ -102,11 +101,8 @@ func TestSIGTERMUnderLoadExitsZeroAndLosesNothing(t *testing.T) {
 	if err := refapp.Migrate(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	ob, err := outbox.New(outbox.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	ob := tablesOnlyOutbox(t, db, "")
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		msgs := make([]idem.Message, n)
 		for i := range msgs {
 			msgs[i] = idem.Message{Key: fmt.Sprintf("term-%05d", i), Subject: refapp.SubjectCharge,
@@ -282,7 +278,7 @@ func TestComponentFailureExitsNonZero(t *testing.T) {
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	ctx := context.Background()
-	if _, err := outbox.EnsureStream(ctx, js, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := js.CreateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{Durable: refapp.ChargeConsumer, AckPolicy: jetstream.AckNonePolicy}); err != nil {
@@ -315,11 +311,46 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// noEnv is an empty environment.
+func noEnv(string) string { return "" }
+
+// envOf is an environment holding vars.
+func envOf(vars map[string]string) func(string) string {
+	return func(name string) string { return vars[name] }
+}
+
+// commandFlagSet builds the flags of the command at path, and no other's.
+func commandFlagSet(t *testing.T, path string, getenv func(string) string) *flagSet {
+	t.Helper()
+	var r runner = rootCommand()
+	for _, w := range strings.Fields(path) {
+		g := r.(group)
+		r = nil
+		for _, s := range g.subs {
+			if s.word() == w {
+				r = s
+			}
+		}
+		if r == nil {
+			t.Fatalf("no command %q", path)
+		}
+	}
+	if g, ok := r.(group); ok {
+		r = g.dflt
+	}
+	cs := r.commands(getenv)
+	if len(cs) != 1 || cs[0].path != path {
+		t.Fatalf("command %q: found %v", path, cs)
+	}
+	return cs[0].fs
+}
+
 // splitCommand finds the subcommand among the flags: before, after or between
-// them, skipping the values of the shared flags that take one.
+// them, skipping the values of the flags that take one, of whichever command.
 func TestSplitCommand(t *testing.T) {
 	t.Parallel()
-	shared, _ := newFlagSet("worker", io.Discard)
+	root := rootCommand()
+	all := unionFlags(root.commands(noEnv))
 	for _, tc := range []struct {
 		args     []string
 		cmd      string
@@ -334,13 +365,14 @@ func TestSplitCommand(t *testing.T) {
 		{[]string{"--no-migrate", "migrate"}, "migrate", []string{"--no-migrate"}, false},
 		{[]string{"--json", "stats"}, "stats", []string{"--json"}, false}, // a subcommand's bool flag before it
 		{[]string{"--scope=acme", "inspect", "k"}, "inspect", []string{"--scope=acme", "k"}, false},
+		{[]string{"--scope", "acme", "inspect", "k"}, "inspect", []string{"--scope", "acme", "k"}, false}, // a subcommand's flag with its value before it
 		{[]string{"-database-url", "u", "dead-letters", "list"}, "dead-letters", []string{"-database-url", "u", "list"}, false},
 		{[]string{"--http-addr", "h:1"}, "", nil, true},
 		{[]string{"--", "stats"}, "", nil, true},
 		{[]string{"--bogus", "value"}, "", nil, true}, // left to the flag parser: "flag provided but not defined"
 		{[]string{"frob"}, "frob", []string{}, false},
 	} {
-		cmd, rest := splitCommand(tc.args, shared, commands)
+		cmd, rest := splitCommand(tc.args, all, root.words())
 		if tc.wantNone {
 			if cmd != "" || !slices.Equal(rest, tc.args) {
 				t.Errorf("splitCommand(%q) = %q, %q; want no subcommand and the args as they were", tc.args, cmd, rest)
@@ -353,46 +385,58 @@ func TestSplitCommand(t *testing.T) {
 	}
 }
 
-// Every shared flag (but --version) names its environment variable in --help,
-// and the worker reads each variable --help names: set, it becomes the flag's
-// default.
+// Every flag of the service (but --version) names its environment variable in
+// --help, and every flag with a variable, of any command, names it in that
+// command's -h. Each command reads each of its variables, and reads it once:
+// set, it becomes the flag's default.
 func TestHelpNamesEveryEnvironmentVariable(t *testing.T) {
+	t.Parallel()
 	var out, errb bytes.Buffer
-	if code := run([]string{"--help"}, &out, &errb); code != 0 {
+	if code := runEnv([]string{"--help"}, noEnv, &out, &errb); code != 0 {
 		t.Fatalf("--help = %d", code)
 	}
 	help := errb.String()
 	mustContain(t, "--help", help, "Exit status:", "0  success", "1  error", "2  usage error", "before or after the subcommand",
-		"XDG_STATE_HOME", "dead-letters replay", "--dry-run", "--consumer C", "--reason PREFIX", "--since T")
-	envOf := regexp.MustCompile(`\(env ([A-Z_]+)`)
-	fs, _ := newFlagSet("worker", io.Discard)
-	fs.VisitAll(func(f *flag.Flag) {
-		if f.Name == "version" {
-			return
-		}
-		m := envOf.FindStringSubmatch(f.Usage)
-		if m == nil {
-			t.Errorf("--%s names no environment variable: %q", f.Name, f.Usage)
-			return
-		}
-		if !strings.Contains(help, "(env "+m[1]) {
-			t.Errorf("--help lacks %s (of --%s)", m[1], f.Name)
-		}
-		// The variable is read: set, it changes the flag's default. (--ack-wait
-		// reads IDEM_ACK_WAIT when the service starts; --no-migrate is a bool.)
-		if f.Name == "ack-wait" {
-			return
-		}
-		value := map[string]string{"shutdown-timeout": "17s", "no-migrate": "1"}[f.Name]
-		if value == "" {
-			value = "from-env-" + f.Name
-		}
-		t.Setenv(m[1], value)
-		fs2, _ := newFlagSet("worker", io.Discard)
-		if got := fs2.Lookup(f.Name).DefValue; got == f.DefValue {
-			t.Errorf("%s=%s left --%s's default at %q: the variable is not read", m[1], value, f.Name, got)
-		}
-	})
+		"XDG_STATE_HOME", "dead-letters replay", "--dry-run", "--consumer C", "--reason PREFIX", "--since T", "takes only the flags it uses")
+	envName := regexp.MustCompile(`\(env ([A-Z_]+)`)
+	for _, c := range rootCommand().commands(noEnv) {
+		var cmdHelp bytes.Buffer
+		runEnv(append(strings.Fields(c.path), "-h"), noEnv, io.Discard, &cmdHelp)
+		c.fs.VisitAll(func(f *flag.Flag) {
+			env, ok := c.fs.envOf[f.Name]
+			if !ok {
+				if c.path == "" && f.Name != "version" {
+					t.Errorf("the service's --%s has no environment variable", f.Name)
+				}
+				return
+			}
+			if m := envName.FindStringSubmatch(f.Usage); m == nil || m[1] != env {
+				t.Errorf("%s --%s falls back to %s, but its usage says %q", commandName(c.path), f.Name, env, f.Usage)
+			}
+			if !strings.Contains(cmdHelp.String(), "(env "+env) {
+				t.Errorf("%s -h lacks %s (of --%s)", commandName(c.path), env, f.Name)
+			}
+			value := map[string]string{"shutdown-timeout": "17s", "ack-wait": "7s", "no-migrate": "1", "console": "1", "console-allow-plain-http": "1", "atomic-publish": "1"}[f.Name]
+			if value == "" {
+				value = "from-env-" + f.Name
+			}
+			reads := map[string]int{}
+			getenv := func(name string) string {
+				reads[name]++
+				if name == env {
+					return value
+				}
+				return ""
+			}
+			fs := commandFlagSet(t, c.path, getenv)
+			if got := fs.Lookup(f.Name).DefValue; got == f.DefValue {
+				t.Errorf("%s=%s left %s --%s's default at %q: the variable is not read", env, value, commandName(c.path), f.Name, got)
+			}
+			if reads[env] != 1 {
+				t.Errorf("%s reads %s %d times building its flags, want once", commandName(c.path), env, reads[env])
+			}
+		})
+	}
 }
 
 // Flags work before and after the subcommand, and every subcommand that prints
@@ -505,15 +549,11 @@ func TestHealthcheckJSON(t *testing.T) {
 	}
 }
 
-// The SMTP flags: the deprecated --smtp-addr maps onto smtp+insecure://, a
-// password never reaches an error, --smtp-ca loads a PEM bundle.
+// The SMTP flags: a password never reaches an error; --smtp-ca loads a PEM
+// bundle, and refuses a file without one. (--smtp-addr's mapping onto
+// smtp+insecure:// is in TestServiceConfig.)
 func TestSMTPFlags(t *testing.T) {
 	t.Parallel()
-	o := &options{smtpAddr: "127.0.0.1:1025"}
-	cfg, err := o.emailConfig(nil)
-	if err != nil || cfg.URL != "smtp+insecure://127.0.0.1:1025" {
-		t.Errorf("--smtp-addr 127.0.0.1:1025: %+v, %v; want smtp+insecure://127.0.0.1:1025", cfg, err)
-	}
 	for _, url := range []string{"smtp+insecure://u:hunter2@h:1", "ftp://u:hunter2@h", "smtp://u:hunter2@h:0", "smtp://u:hunter2@h\x01:1"} {
 		_, errs, code := worker(t, "--smtp-url", url)
 		if code != 2 || strings.Contains(errs, "hunter2") {
@@ -524,7 +564,7 @@ func TestSMTPFlags(t *testing.T) {
 	if err := os.WriteFile(ca, []byte("not a certificate"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (&options{smtpURL: "smtps://h", smtpCA: ca}).emailConfig(nil); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
+	if _, err := loadSMTPCA(ca); err == nil || !strings.Contains(err.Error(), "no PEM certificate") {
 		t.Errorf("--smtp-ca with garbage: %v", err)
 	}
 }

@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,16 +17,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/pgembed"
+	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
-	"github.com/idemkit/idem/internal/app/runenv"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
-	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/outbox"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // opsDB is a test database with idem's tables in schema and the reference
@@ -50,11 +49,8 @@ func seedKey(t *testing.T, db *pgtest.DB, schema, scope, key string) {
 	t.Helper()
 	ctx := context.Background()
 	scoped := idem.ScopedKey(scope, idem.Key(key))
-	ob, err := outbox.New(outbox.Config{Schema: schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+	ob := tablesOnlyOutbox(t, db, schema)
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
 		stmts := []struct {
 			sql  string
 			args []any
@@ -335,7 +331,7 @@ func TestStatsShowsConsumerLag(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reference application's stream, which stats reads, beside the test one.
-	if _, err := outbox.EnsureStream(ctx, env.JS, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+	if _, err := env.JS.CreateStream(ctx, jetstream.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := env.JS.CreateOrUpdateConsumer(ctx, refapp.StreamName, jetstream.ConsumerConfig{
@@ -459,17 +455,19 @@ func TestOpsFindThePrivatePostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	parse := func(args ...string) (*options, *flag.FlagSet) {
-		o, fs, _, err := parseOps("test", "", args, io.Discard, nil)
-		if err != nil {
+	parse := func(args ...string) *dbOptions {
+		var o dbOptions
+		fs := newFlagSet("test", noEnv)
+		o.flags(fs)
+		if _, err := fs.parse(args); err != nil {
 			t.Fatal(err)
 		}
-		return o, fs
+		return &o
 	}
 
-	o, fs := parse("--data-dir", dataDir)
+	o := parse("--data-dir", dataDir)
 	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable" // nothing answers at "the default"
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, o)
 	if err != nil {
 		t.Fatalf("did not find the private Postgres: %v", err)
 	}
@@ -479,15 +477,15 @@ func TestOpsFindThePrivatePostgres(t *testing.T) {
 	pool.Close()
 
 	// A database the user named is used or fails: never silently replaced.
-	o, fs = parse("--data-dir", dataDir, "--database-url", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable")
-	if _, err := openOpsPool(ctx, o, fs); err == nil {
+	o = parse("--data-dir", dataDir, "--database-url", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable")
+	if _, err := openOpsPool(ctx, o); err == nil {
 		t.Error("an explicit --database-url that does not answer was replaced")
 	}
 
 	// No private cluster either: say so.
-	o, fs = parse("--data-dir", t.TempDir())
+	o = parse("--data-dir", t.TempDir())
 	o.databaseURL = "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable"
-	if _, err := openOpsPool(ctx, o, fs); err == nil || !strings.Contains(err.Error(), "no private Postgres was ever started") {
+	if _, err := openOpsPool(ctx, o); err == nil || !strings.Contains(err.Error(), "no private Postgres was ever started") {
 		t.Errorf("err = %v", err)
 	}
 }
@@ -539,7 +537,7 @@ func TestOpsFindTheZeroSetupWorkerFromAnyDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := outbox.EnsureStream(ctx, js, outbox.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: refapp.StreamName, Subjects: []string{refapp.StreamSubjects}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -581,4 +579,15 @@ func TestOpsFindTheZeroSetupWorkerFromAnyDirectory(t *testing.T) {
 	if err := e.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'zero_setup' AND tablename = 'idem_outbox'`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("migrate did not reach the private cluster: %d tables, %v", n, err)
 	}
+}
+
+// tablesOnlyOutbox is the application's outbox in schema of db, with no broker:
+// what a test writes there the worker under test publishes.
+func tablesOnlyOutbox(t *testing.T, db *pgtest.DB, schema string) *outbox.Outbox {
+	t.Helper()
+	inst, err := install.New(db.Pool, nil, refapp.Config{Schema: schema}.InstallConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return outbox.New(inst)
 }

@@ -3,13 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"time"
 
-	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/partition"
+	"github.com/idemkit/idem/internal/pgschema"
 )
 
 const partitionUsage = `usage: worker partition [--convert] [--json] [flags]
@@ -37,35 +36,43 @@ flags:
 // longer than the other operator commands' opsTimeout.
 const partitionTimeout = 30 * time.Minute
 
-func runPartition(args []string, stdout, stderr io.Writer) error {
-	var convert, asJSON bool
-	o, fs, rest, err := parseOps("worker partition", partitionUsage, args, stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&convert, "convert", false, "convert the plain tables to partitioned ones first")
-		fs.BoolVar(&asJSON, "json", false, "print the result as one JSON document")
-	})
-	if err != nil {
-		return err
+// partitionOptions are the flags of worker partition.
+type partitionOptions struct {
+	db              dbOptions
+	convert, asJSON bool
+}
+
+func (o *partitionOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	fs.BoolVar(&o.convert, "convert", false, "convert the plain tables to partitioned ones first")
+	fs.BoolVar(&o.asJSON, "json", false, "print the result as one JSON document")
+}
+
+func (o *partitionOptions) validate(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("partition: unexpected arguments %q", args)
 	}
-	if len(rest) > 0 {
-		return usagef("partition: unexpected arguments %q", rest)
+	if err := pgschema.Validate(o.db.schema); err != nil {
+		return fmt.Errorf("partition: --schema: %w", err)
 	}
-	if err := pgschema.Validate(o.schema); err != nil {
-		return usagef("partition: --schema: %w", err)
-	}
+	return nil
+}
+
+func runPartition(o *partitionOptions, stdout, _ io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), partitionTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, &o.db)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	cfg := partition.Config{Schema: o.schema}
+	cfg := partition.Config{Schema: o.db.schema}
 	var out struct {
 		Converted  *partition.ConvertReport         `json:"converted,omitempty"`
 		Round      partition.Report                 `json:"round"`
 		Partitions map[string][]partition.Partition `json:"partitions"`
 	}
-	if convert {
+	if o.convert {
 		r, err := partition.Convert(ctx, pool, cfg)
 		if err != nil {
 			return err
@@ -83,7 +90,7 @@ func runPartition(args []string, stdout, stderr io.Writer) error {
 		}
 		out.Partitions[string(t)] = parts
 	}
-	if asJSON {
+	if o.asJSON {
 		return json.NewEncoder(stdout).Encode(out)
 	}
 	if out.Converted != nil {

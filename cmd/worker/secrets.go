@@ -5,9 +5,7 @@ package main
 // (/proc/<pid>/cmdline, ps); the worker says so at start.
 
 import (
-	"flag"
 	"fmt"
-	"log/slog"
 	"net/url"
 	"os"
 	"regexp"
@@ -22,32 +20,16 @@ type secret struct {
 	file      string  // the value of the -file flag
 }
 
-func (o *options) secrets() []*secret {
-	return []*secret{
-		{flag: "console-token", env: "IDEM_CONSOLE_TOKEN", value: &o.consoleToken, file: o.consoleTokenFile},
-		{flag: "console-password", env: "IDEM_CONSOLE_PASSWORD", value: &o.consolePassword, file: o.consolePasswordFile},
-		{flag: "nats-password", env: "IDEM_NATS_PASSWORD", value: &o.natsAuth.Password, file: o.natsPasswordFile},
-	}
-}
-
-// registerSecretFiles adds a --<flag>-file flag for every secret.
-func registerSecretFiles(fs *flag.FlagSet, o *options) {
-	for _, f := range []struct {
-		name, env string
-		into      *string
-	}{
-		{"console-token", "IDEM_CONSOLE_TOKEN", &o.consoleTokenFile},
-		{"console-password", "IDEM_CONSOLE_PASSWORD", &o.consolePasswordFile},
-		{"nats-password", "IDEM_NATS_PASSWORD", &o.natsPasswordFile},
-	} {
-		fs.StringVar(f.into, f.name+"-file", env(f.env+"_FILE", ""),
-			fmt.Sprintf("read --%s from this `file` (its content, without the final newline) instead (env %s_FILE)", f.name, f.env))
-	}
+// secretFileVar registers --<name>-file, the file a secret may be read from
+// instead, falling back to <envVar>_FILE.
+func secretFileVar(fs *flagSet, p *string, name, envVar string) {
+	fs.stringVar(p, name+"-file", envVar+"_FILE", "",
+		fmt.Sprintf("read --%s from this `file` (its content, without the final newline) instead (env %s_FILE)", name, envVar))
 }
 
 // readSecretFiles sets every secret given as a file from that file.
-func (o *options) readSecretFiles() error {
-	for _, s := range o.secrets() {
+func readSecretFiles(secrets []*secret) error {
+	for _, s := range secrets {
 		if s.file == "" {
 			continue
 		}
@@ -70,28 +52,28 @@ func (o *options) readSecretFiles() error {
 // dsnPassword finds a password in a key=value connection string.
 var dsnPassword = regexp.MustCompile(`(^|\s)password\s*=`)
 
-// warnSecretsOnCommandLine warns about each credential given as a flag's value
-// on the command line, and says where to give it instead.
-func warnSecretsOnCommandLine(fs *flag.FlagSet, o *options, log *slog.Logger) {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+// secretWarnings are the warnings about each credential the service was given
+// as a flag's value on the command line, saying where to give it instead.
+func secretWarnings(o *serviceOptions) []warning {
+	var ws []warning
 	warn := func(flag, instead string) {
-		log.Warn("a credential is on the command line, where every user of this machine can read it (ps, /proc/<pid>/cmdline)",
-			"flag", "--"+flag, "instead", instead)
+		ws = append(ws, warning{"a credential is on the command line, where every user of this machine can read it (ps, /proc/<pid>/cmdline)",
+			[]any{"flag", "--" + flag, "instead", instead}})
 	}
 	for _, s := range o.secrets() {
-		if given[s.flag] && *s.value != "" {
+		if o.src.onCommandLine(s.flag) && *s.value != "" {
 			warn(s.flag, fmt.Sprintf("%s, or --%s-file", s.env, s.flag))
 		}
 	}
-	if given["database-url"] && urlHasPassword(o.databaseURL) {
+	if o.src.onCommandLine("database-url") && urlHasPassword(o.db.databaseURL) {
 		warn("database-url", "DATABASE_URL, or a URL without its password and the password in PGPASSWORD or a password file (PGPASSFILE, ~/.pgpass)")
 	}
-	for _, f := range []struct{ flag, value, env string }{{"nats-url", o.natsURL, "NATS_URL"}, {"smtp-url", o.smtpURL, "IDEM_SMTP_URL"}} {
-		if given[f.flag] && urlHasPassword(f.value) {
+	for _, f := range []struct{ flag, value, env string }{{"nats-url", o.nats.url, "NATS_URL"}, {"smtp-url", o.smtpURL, "IDEM_SMTP_URL"}} {
+		if o.src.onCommandLine(f.flag) && urlHasPassword(f.value) {
 			warn(f.flag, f.env)
 		}
 	}
+	return ws
 }
 
 // urlHasPassword reports whether a URL (or a comma-separated list of them, or a

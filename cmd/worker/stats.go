@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -18,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem/internal/embeddednats"
-	"github.com/idemkit/idem/internal/pgschema"
-	"github.com/idemkit/idem/internal/app/runenv"
-	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/pgschema"
 )
 
 const statsUsage = `usage: worker stats [flags]
@@ -59,28 +58,40 @@ type statsOutput struct {
 // the consumers' rates.
 const rateOver = time.Second
 
-func runStats(args []string, stdout, stderr io.Writer) error {
-	var asJSON bool
-	o, fs, rest, err := parseOps("worker stats", statsUsage, args, stderr, func(fs *flag.FlagSet) {
-		fs.BoolVar(&asJSON, "json", false, "print JSON instead of text")
-	})
-	if err != nil {
-		return err
+// statsOptions are the flags of worker stats.
+type statsOptions struct {
+	db     dbOptions
+	nats   natsOptions
+	asJSON bool
+}
+
+func (o *statsOptions) flags(fs *flagSet) {
+	o.db.flags(fs)
+	o.nats.flags(fs)
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON instead of text")
+}
+
+func (o *statsOptions) validate(args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("stats: unexpected arguments %q", args)
 	}
-	if len(rest) > 0 {
-		return usagef("stats: unexpected arguments %q", rest)
+	if err := pgschema.Validate(o.db.schema); err != nil {
+		return fmt.Errorf("stats: --schema: %w", err)
 	}
-	if err := pgschema.Validate(o.schema); err != nil {
-		return usagef("stats: --schema: %w", err)
-	}
+	return nil
+}
+
+func (o *statsOptions) secrets() []*secret { return o.nats.secrets() }
+
+func runStats(o *statsOptions, stdout, _ io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), opsTimeout)
 	defer cancel()
-	pool, err := openOpsPool(ctx, o, fs)
+	pool, err := openOpsPool(ctx, &o.db)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	r, err := ops.New(pool, ops.Config{Schema: o.schema, Counts: refapp.Counts})
+	r, err := ops.New(pool, ops.Config{Schema: o.db.schema, Counts: refapp.Counts})
 	if err != nil {
 		return fmt.Errorf("stats: %w", err)
 	}
@@ -89,9 +100,9 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	// JetStream is optional. A URL the user gave must work; a URL found in the data
 	// dir may be stale (the worker stopped), which is worth a note, not a failure.
 	// It is read before and after the database, for the consumers' rates.
-	url, source := o.natsURL, "--nats-url / NATS_URL"
+	url, source := o.nats.url, "--nats-url / NATS_URL"
 	if url == "" {
-		file := filepath.Join(o.dataDir, runenv.NATSURLFile)
+		file := filepath.Join(o.db.dataDir, runenv.NATSURLFile)
 		if b, err := os.ReadFile(file); err == nil {
 			url, source = strings.TrimSpace(string(b)), file
 		}
@@ -101,8 +112,8 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 	if url != "" {
 		out.JetStreamSource = source
 		var auth runenv.NATSAuth
-		if o.natsURL != "" {
-			auth = o.natsAuth // the embedded server's recorded URL carries its own token
+		if o.nats.url != "" {
+			auth = o.nats.auth // the embedded server's recorded URL carries its own token
 		}
 		js, err = openJetStream(url, auth)
 		if err == nil {
@@ -110,14 +121,14 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 			first, err = js.read(ctx)
 		}
 		if err != nil {
-			if o.natsURL != "" {
+			if o.nats.url != "" {
 				return fmt.Errorf("stats: %w", err)
 			}
 			out.JetStreamError = fmt.Sprintf("%v (the embedded server recorded in %s does not answer: is the worker running?)", err, source)
 			js = nil
 		}
 	} else {
-		out.JetStreamError = fmt.Sprintf("no --nats-url and no %s under --data-dir %s", runenv.NATSURLFile, o.dataDir)
+		out.JetStreamError = fmt.Sprintf("no --nats-url and no %s under --data-dir %s", runenv.NATSURLFile, o.db.dataDir)
 	}
 
 	st, err := r.Stats(ctx)
@@ -144,7 +155,7 @@ func runStats(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 
-	if asJSON {
+	if o.asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(out)

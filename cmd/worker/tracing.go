@@ -17,8 +17,8 @@ import (
 )
 
 // traceExporter picks the span exporter: --trace (IDEM_TRACE) when given, else the
-// standard OTEL_TRACES_EXPORTER ("otlp", "console" for stderr, "none").
-func traceExporter(flag string, getenv func(string) string) (string, error) {
+// standard OTEL_TRACES_EXPORTER, otelEnv ("otlp", "console" for stderr, "none").
+func traceExporter(flag, otelEnv string) (string, error) {
 	if flag != "" {
 		switch flag {
 		case "none", "stderr", "otlp":
@@ -26,7 +26,7 @@ func traceExporter(flag string, getenv func(string) string) (string, error) {
 		}
 		return "", fmt.Errorf("--trace must be none, stderr or otlp, not %q", flag)
 	}
-	switch v := strings.TrimSpace(getenv("OTEL_TRACES_EXPORTER")); v {
+	switch v := strings.TrimSpace(otelEnv); v {
 	case "", "none":
 		return "none", nil
 	case "otlp":

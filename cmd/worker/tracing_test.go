@@ -27,7 +27,7 @@ func TestTraceExporterChoice(t *testing.T) {
 		{"otlp", "", "otlp", false},
 		{"jaeger", "", "", true},
 	} {
-		got, err := traceExporter(tc.flag, func(string) string { return tc.env })
+		got, err := traceExporter(tc.flag, tc.env)
 		if (err != nil) != tc.fails || got != tc.want {
 			t.Errorf("--trace %q, OTEL_TRACES_EXPORTER %q: %q, %v; want %q (error: %v)", tc.flag, tc.env, got, err, tc.want, tc.fails)
 		}
