@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/idemkit/idem/internal/registry"
 	"strings"
 	"time"
+
+	"github.com/idemkit/idem/internal/registry"
 
 	"github.com/jackc/pgx/v5"
 

@@ -3,8 +3,9 @@ package ops
 import (
 	"context"
 	"fmt"
-	"github.com/idemkit/idem/internal/registry"
 	"time"
+
+	"github.com/idemkit/idem/internal/registry"
 
 	"github.com/jackc/pgx/v5"
 

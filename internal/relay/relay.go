@@ -159,6 +159,9 @@ func New(inst *install.Installation, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if inst.JetStream() == nil {
+		return nil, errors.New("relay: the installation has no NATS connection")
+	}
 	cfg = cfg.withDefaults()
 	stream := inst.Stream().Name
 	r := &Relay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, log: inst.Logger().With("component", "relay"),
