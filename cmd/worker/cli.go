@@ -396,25 +396,25 @@ func (fs *flagSet) fallback(name, envVar string, set func(string) error) {
 }
 
 // stringVar registers a string flag falling back to envVar, then def.
+// The flag is registered before the variable is read, so that -h shows the
+// default and never the variable's value (a token, a password).
 func (fs *flagSet) stringVar(p *string, name, envVar, def, usage string) {
-	*p = def
+	fs.StringVar(p, name, def, usage)
 	fs.fallback(name, envVar, func(v string) error { *p = v; return nil })
-	fs.StringVar(p, name, *p, usage)
 }
 
 // boolVar registers a switch falling back to envVar: on says which of the
 // variable's values turn it on.
 func (fs *flagSet) boolVar(p *bool, name, envVar string, on func(string) bool, usage string) {
-	*p = false
+	fs.BoolVar(p, name, false, usage)
 	fs.fallback(name, envVar, func(v string) error { *p = on(v); return nil })
-	fs.BoolVar(p, name, *p, usage)
 }
 
 // valueVar registers a flag of its own type falling back to envVar, which is
 // parsed as the flag is.
 func (fs *flagSet) valueVar(v flag.Value, name, envVar, usage string) {
-	fs.fallback(name, envVar, v.Set)
 	fs.Var(v, name, usage)
+	fs.fallback(name, envVar, v.Set)
 }
 
 // Two readings of a switch's environment variable (when set), each kept as it

@@ -288,3 +288,20 @@ func TestEnvironmentFallbacksPerCommand(t *testing.T) {
 		t.Errorf("healthcheck with IDEM_HTTP_ADDR: %q, %v", out, err)
 	}
 }
+
+// -h shows each flag's default, never the value its environment variable holds:
+// a token or a password must not reach a terminal or a log through help.
+func TestHelpShowsNoEnvironmentValue(t *testing.T) {
+	t.Parallel()
+	env := deadEnv(t)
+	env["IDEM_CONSOLE_TOKEN"] = "s3cret-console-token"
+	env["IDEM_NATS_PASSWORD"] = "s3cret-nats-password"
+	for _, args := range [][]string{{"-h"}, {"stats", "-h"}, {"consumers", "rename", "-h"}} {
+		out, errs, _ := runIn(env, args...)
+		for _, secret := range []string{"s3cret-console-token", "s3cret-nats-password"} {
+			if strings.Contains(out+errs, secret) {
+				t.Errorf("worker %s prints %q from the environment", strings.Join(args, " "), secret)
+			}
+		}
+	}
+}

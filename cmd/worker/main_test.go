@@ -429,8 +429,8 @@ func TestHelpNamesEveryEnvironmentVariable(t *testing.T) {
 				return ""
 			}
 			fs := commandFlagSet(t, c.path, getenv)
-			if got := fs.Lookup(f.Name).DefValue; got == f.DefValue {
-				t.Errorf("%s=%s left %s --%s's default at %q: the variable is not read", env, value, commandName(c.path), f.Name, got)
+			if got := fs.Lookup(f.Name).Value.String(); got == f.DefValue {
+				t.Errorf("%s=%s left %s --%s at its default %q: the variable is not read", env, value, commandName(c.path), f.Name, got)
 			}
 			if reads[env] != 1 {
 				t.Errorf("%s reads %s %d times building its flags, want once", commandName(c.path), env, reads[env])
