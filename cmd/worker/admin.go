@@ -306,8 +306,11 @@ func openDeadLetters(ctx context.Context, d *dbOptions) (*consumer.DeadLetters, 
 		return nil, nil, err
 	}
 	// The dead letters need no broker: a replay goes through the outbox, which the
-	// running workers' relays publish.
-	inst, err := install.New(pool, nil, refapp.Config{Schema: d.schema}.InstallConfig())
+	// running workers' relays publish. A dead letter's subject was a stream's
+	// once, whichever stream that was: the outbox takes any subject back.
+	cfg := refapp.Config{Schema: d.schema}.InstallConfig()
+	cfg.Stream.Subjects = []string{">"}
+	inst, err := install.New(pool, nil, cfg)
 	if err != nil {
 		pool.Close()
 		return nil, nil, err

@@ -21,7 +21,7 @@ func cliDeadLetter(t *testing.T, db *pgtest.DB, consumerName, key, reason, creat
 	var id int64
 	err := db.Pool.QueryRow(context.Background(), `
 INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, deliveries, created_at, inbox_expires_at)
-VALUES ($1, $2, 'idem.payments.charge', '{"n":1}', $3, 1, now() - $4::interval, now() + $5::interval)
+VALUES ($1, $2, 'test.effects', '{"n":1}', $3, 1, now() - $4::interval, now() + $5::interval)
 RETURNING id`, consumerName, key, reason, createdAgo, horizon).Scan(&id)
 	if err != nil {
 		t.Fatal(err)

@@ -129,10 +129,10 @@ func TestComposeServices(t *testing.T) {
 		t.Errorf("services %q, want %q", sortedCopy(got), want)
 	}
 
-	gomod := string(readFile(t, filepath.Join(root, "go.mod")))
+	gomod := string(readFile(t, filepath.Join(root, "internal", "testkit", "natsserver", "go.mod")))
 	natsVersion := regexp.MustCompile(`github\.com/nats-io/nats-server/v2 v(\S+)`).FindStringSubmatch(gomod)
 	if natsVersion == nil {
-		t.Fatal("go.mod: no nats-server")
+		t.Fatal("internal/testkit/natsserver/go.mod: no nats-server")
 	}
 	release := regexp.MustCompile(`^v?\d+\.\d+(\.\d+)?([-.][\w.-]+)?$`)
 	for _, s := range p.Services {
