@@ -4,7 +4,7 @@ GO ?= go
 # Packages whose tests run long multi-process scenarios get their own timeout.
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test test-partitioned vet fuzz bench bench-go partbench chaos-soak chaos-cluster rss
+.PHONY: run test test-partitioned test-browser-client vet fuzz bench bench-go partbench chaos-soak chaos-cluster rss
 
 ## run: the worker with an embedded JetStream server (Postgres from DATABASE_URL)
 run:
@@ -12,11 +12,11 @@ run:
 
 # Every module of the workspace (go.work): the library (.) and the modules that keep
 # their dependencies out of its graph. `./...` alone stops at a module's edge.
-MODULES ?= ./... ./cmd/... ./cmd/bench/... ./cmd/bench/watermill/... ./idemtest/... ./internal/app/... \
+MODULES ?= ./... ./clients/browser/... ./cmd/... ./cmd/bench/... ./cmd/bench/watermill/... ./idemtest/... ./internal/app/... \
 	./internal/embeddednats/... ./test/... ./test/deploy/compose/... ./watermill/...
 
-## test: vet, the whole suite under the race detector, and short fuzz runs
-test: vet
+## test: vet, the browser client's build and tests, the whole suite under the race detector, and short fuzz runs
+test: vet test-browser-client
 	$(GO) test $(TEST_FLAGS) $(MODULES)
 	$(MAKE) test-partitioned
 	$(MAKE) fuzz FUZZ_JOURNAL=50000x FUZZ_KEY=300000x
@@ -29,6 +29,14 @@ test-partitioned:
 
 vet:
 	$(GO) vet $(MODULES)
+
+## test-browser-client: the browser client's npm ci, type-check and Node tests
+# clients/browser, installed from its lockfile: its sources type-checked, types/
+# checked against them, its pure logic tested under Node. Its journal and retry loop
+# run in Chromium in test/browserclient, part of the Go suite.
+NPM ?= npm
+test-browser-client:
+	cd clients/browser && $(NPM) ci --no-audit --no-fund && $(NPM) test
 
 # Fuzz budgets are counts of executions, not durations: with a duration, Go 1.26's
 # fuzz coordinator can fail a clean run with "context deadline exceeded" at the end

@@ -10,6 +10,7 @@ require (
 
 replace (
 	github.com/idemkit/idem => ..
+	github.com/idemkit/idem/clients/browser => ../clients/browser
 	github.com/idemkit/idem/internal/app => ../internal/app
 	github.com/idemkit/idem/internal/embeddednats => ../internal/embeddednats
 )
@@ -36,6 +37,7 @@ require (
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
+	github.com/idemkit/idem/clients/browser v0.0.0-00010101000000-000000000000 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

@@ -36,6 +36,7 @@ type serviceOptions struct {
 	consoleUser      string
 	consolePassword  string
 	consolePlainHTTP bool
+	payPage          bool
 	smtpAddr         string // deprecated: smtpURL
 	smtpURL          string
 	smtpCA           string
@@ -72,6 +73,8 @@ func (o *serviceOptions) flags(fs *flagSet) {
 	secretFileVar(fs, &o.consolePasswordFile, "console-password", "IDEM_CONSOLE_PASSWORD")
 	fs.boolVar(&o.consolePlainHTTP, "console-allow-plain-http", "IDEM_CONSOLE_ALLOW_PLAIN_HTTP", notOff,
 		"serve the console, with its token or password, over plain HTTP on a listener that is not loopback: only when a TLS-terminating proxy, or a network you trust, is the only way to it (env IDEM_CONSOLE_ALLOW_PLAIN_HTTP)")
+	fs.boolVar(&o.payPage, "pay-page", "IDEM_PAY_PAGE", notOff,
+		"serve the payment page at /pay on the HTTP address, a demonstration of the browser client that needs the ingress role; it shows ledger rows to whoever reaches that address (env IDEM_PAY_PAGE)")
 	fs.stringVar(&o.smtpURL, "smtp-url", "IDEM_SMTP_URL", "", "SMTP server of the email consumer; empty runs none. smtp://[user:password@]host[:port] (default port 587): STARTTLS when offered, "+
 		"required with credentials, then AUTH PLAIN or LOGIN (?auth=plain|login picks one); smtps://... (default port 465): implicit TLS; smtp+insecure://host:port: plaintext, "+
 		"no STARTTLS, no credentials, for a local sink such as mailpit. User and password are URL-escaped; logs show the URL without its password (env IDEM_SMTP_URL)")
@@ -155,6 +158,7 @@ func newServiceConfig(o *serviceOptions) (serviceConfig, error) {
 			NoMigrate:   o.noMigrate,
 			Console: refapp.ConsoleConfig{Enabled: o.console, Token: o.consoleToken,
 				BasicUser: o.consoleUser, BasicPassword: o.consolePassword, AllowPlainHTTP: o.consolePlainHTTP},
+			PayPage: o.payPage,
 		},
 		env: runenv.Config{
 			DatabaseURL:     o.db.databaseURL,
@@ -183,6 +187,9 @@ func newServiceConfig(o *serviceOptions) (serviceConfig, error) {
 	}
 	if err := applyRoles(&c.app, o.roles); err != nil {
 		return c, usageError{err}
+	}
+	if c.app.PayPage && c.app.DisableIngress {
+		return c, usagef("--pay-page (IDEM_PAY_PAGE) posts to the ingress on the same address: add ingress to --roles (IDEM_ROLES), or leave the page off")
 	}
 	// Zero keeps the consumers' default. The lifetime check at start counts it in
 	// each consumer's redelivery horizon.
@@ -294,6 +301,9 @@ func serve(ctx context.Context, stop context.CancelFunc, svc *refapp.Service, c 
 			addr = m
 		}
 		log.Info("operator console", "url", "http://"+addr+refapp.ConsolePath)
+	}
+	if c.app.PayPage {
+		log.Info("payment page", "url", "http://"+svc.Addr()+refapp.PayPagePath)
 	}
 	var failure error
 	select {

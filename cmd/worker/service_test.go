@@ -59,6 +59,9 @@ func TestServiceConfig(t *testing.T) {
 		{"the console from the environment: no warning", nil, map[string]string{"IDEM_CONSOLE": "yes", "IDEM_CONSOLE_TOKEN": "tok", "IDEM_CONSOLE_ALLOW_PLAIN_HTTP": "false"},
 			func(c *serviceConfig) { c.app.Console = refapp.ConsoleConfig{Enabled: true, Token: "tok"} }},
 		{"IDEM_CONSOLE=0 is off", nil, map[string]string{"IDEM_CONSOLE": "0"}, func(*serviceConfig) {}},
+		{"the payment page", []string{"--pay-page"}, nil, func(c *serviceConfig) { c.app.PayPage = true }},
+		{"the payment page from IDEM_PAY_PAGE", nil, map[string]string{"IDEM_PAY_PAGE": "1"}, func(c *serviceConfig) { c.app.PayPage = true }},
+		{"IDEM_PAY_PAGE=false is off", nil, map[string]string{"IDEM_PAY_PAGE": "false"}, func(*serviceConfig) {}},
 		{"the schema, no migrations", []string{"--schema", "billing", "--no-migrate"}, nil, func(c *serviceConfig) {
 			c.app.Schema, c.app.NoMigrate = "billing", true
 		}},
@@ -161,6 +164,7 @@ func TestServiceConfigRefuses(t *testing.T) {
 		{[]string{"--stream-replicas", "0"}, nil, exitUsage, "--stream-replicas (IDEM_STREAM_REPLICAS) must be a whole number of at least 1"},
 		{nil, map[string]string{"IDEM_STREAM_REPLICAS": "three"}, exitUsage, `not "three"`},
 		{[]string{"--roles", "ingress,cook"}, nil, exitUsage, `unknown role "cook"`},
+		{[]string{"--pay-page", "--roles", "relay,consumers"}, nil, exitUsage, "--pay-page (IDEM_PAY_PAGE) posts to the ingress on the same address: add ingress to --roles"},
 		{[]string{"--reconcile-after", "0s"}, nil, exitUsage, "--reconcile-after: want a positive duration"},
 		{nil, map[string]string{"IDEM_GROUP_COMMIT": "8"}, exitUsage, "group commit was removed"},
 		{[]string{"--smtp-url", "smtp://h:25", "--smtp-addr", "h:25"}, nil, exitUsage, "not both"},

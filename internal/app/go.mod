@@ -4,11 +4,13 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem/clients/browser v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/internal/embeddednats v0.0.0-00010101000000-000000000000
 )
 
 replace (
 	github.com/idemkit/idem => ../..
+	github.com/idemkit/idem/clients/browser => ../../clients/browser
 	github.com/idemkit/idem/internal/embeddednats => ../embeddednats
 )
 

@@ -12,7 +12,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,53 +27,8 @@ import (
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
+	"github.com/idemkit/idem/test/internal/browsertest"
 )
-
-// chromium finds the browser, or skips (fails under IDEM_REQUIRE_BROWSER=1).
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, p := range []string{os.Getenv("IDEM_CHROMIUM"), "/usr/bin/chromium", "chromium", "chromium-browser", "google-chrome"} {
-		if p == "" {
-			continue
-		}
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	msg := "headless Chromium not found (install the Debian package chromium, or set IDEM_CHROMIUM)"
-	if os.Getenv("IDEM_REQUIRE_BROWSER") == "1" {
-		t.Fatal(msg + "; IDEM_REQUIRE_BROWSER=1 requires it")
-	}
-	t.Skip(msg + "; skipping the browser test (IDEM_REQUIRE_BROWSER=1 makes this a failure)")
-	return ""
-}
-
-func newBrowser(t *testing.T) context.Context {
-	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium(t)),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true),
-		chromedp.Flag("disable-gpu", true),
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 1000),
-	}
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelB := chromedp.NewContext(actx)
-	t.Cleanup(func() { cancelB(); cancelA() })
-	start := time.Now()
-	if err := chromedp.Do(ctx); err != nil {
-		t.Fatalf("start chromium: %v", err)
-	}
-	t.Logf("chromium started in %v", time.Since(start).Round(time.Millisecond))
-	return ctx
-}
 
 // dropFirstResponse loses the first response after the server sent it.
 type dropFirstResponse struct{ dropped bool }
@@ -92,7 +46,7 @@ func (d *dropFirstResponse) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func TestConsoleInABrowser(t *testing.T) {
 	t.Parallel()
-	bctx := newBrowser(t) // first: skip before starting anything
+	bctx := browsertest.New(t) // first: skip before starting anything
 	env := testenv.New(t)
 	ctx := context.Background()
 	svc := refapptest.Start(t, env.DB.Pool, env.NC, refapp.Config{

@@ -13,6 +13,7 @@ require (
 // not applied.
 replace (
 	github.com/idemkit/idem => ../../..
+	github.com/idemkit/idem/clients/browser => ../../../clients/browser
 	github.com/idemkit/idem/cmd/bench => ..
 	github.com/idemkit/idem/internal/app => ../../../internal/app
 	github.com/idemkit/idem/internal/embeddednats => ../../../internal/embeddednats

@@ -45,6 +45,13 @@ type Config struct {
 	// Console, when Enabled, serves the operator console (package console) at
 	// /console on the listener of /metrics: MetricsAddr when set, else HTTPAddr.
 	Console ConsoleConfig
+	// PayPage serves the payment page at /pay on HTTPAddr, the listener of POST
+	// /v1/payments (one origin): a demonstration of the browser client, with
+	// switches that drop or hold responses and wipe the client's journal. Its
+	// GET /pay/ledger shows the ledger rows of any key or account to whoever
+	// reaches the listener, so keep it off where clients you do not trust connect.
+	// It needs the ingress role.
+	PayPage bool
 	// Email, when it names an SMTP server (Email.URL, or the deprecated
 	// Email.Addr), runs the email consumer sending through that server. Without
 	// one emails stay queued in the stream.

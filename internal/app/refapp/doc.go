@@ -13,7 +13,10 @@
 //   - its own tables (payments, emails, ledger_entries) are created by Migrate,
 //     apart from idem's (schema.sql);
 //   - Start assembles it with package worker into a running service with health,
-//     readiness and metrics endpoints (service.go).
+//     readiness and metrics endpoints (service.go);
+//   - its payment page (Config.PayPage, off by default) is a Pay button on the
+//     browser client, which journals the key in the page before it sends
+//     (paypage.go).
 //
 // The HTTP API, the subjects and the table names are a public contract that scripts
 // and tests rely on:

@@ -50,6 +50,9 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	if cfg.HTTPAddr == "" {
 		cfg.HTTPAddr = "127.0.0.1:8080"
 	}
+	if cfg.PayPage && cfg.DisableIngress {
+		return nil, errors.New("refapp: the payment page posts to the ingress on its own listener: run the ingress role where it is served, or turn the page off")
+	}
 	wc, err := cfg.WorkerConfig()
 	if err != nil {
 		return nil, err
@@ -117,6 +120,9 @@ func Start(ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (
 	}
 	if mw := w.Ingress(); mw != nil {
 		mux.Handle("/v1/", traced(cfg.TracerProvider, Routes(mw, cfg.Logger)))
+		if cfg.PayPage {
+			mountPayPage(mux, newPayPage(pool, cfg.Logger))
+		}
 	}
 	hc := cfg.HTTP.withDefaults()
 	s := &Service{worker: w, ln: ln, log: cfg.Logger, errs: make(chan error, 1),

@@ -20,7 +20,14 @@ const shutdownTimeout = 30 * time.Second
 // shuts the service down gracefully when t ends.
 func Start(t testing.TB, pool *pgxpool.Pool, nc *nats.Conn, cfg refapp.Config) *refapp.Service {
 	t.Helper()
-	svc, err := refapp.Start(context.Background(), pool, nc, cfg)
+	return StartContext(t, context.Background(), pool, nc, cfg)
+}
+
+// StartContext is Start with the context refapp.Start gets, whose values (fault
+// points, say) the service's requests and components see.
+func StartContext(t testing.TB, ctx context.Context, pool *pgxpool.Pool, nc *nats.Conn, cfg refapp.Config) *refapp.Service {
+	t.Helper()
+	svc, err := refapp.Start(ctx, pool, nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,3 @@
+module github.com/idemkit/idem/clients/browser
+
+go 1.26.0
