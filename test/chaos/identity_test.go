@@ -200,7 +200,7 @@ func twoInstallations(t *testing.T, negative bool) (idFigures, []string) {
 }
 
 // A consumer renamed on a stream that holds history keeps its inbox
-// (registry.Rename): the new name re-reads the history and folds all of it. A
+// (consumer.Rename): the new name re-reads the history and folds all of it. A
 // consumer added with the default start (backfill) reads the history once; one
 // added with StartNew reads only what is published after it registered.
 func TestChaosRename(t *testing.T) {
