@@ -52,7 +52,7 @@ func proxiedPool(t *testing.T, env *testenv.Env) (*pgxpool.Pool, *tcpproxy.Proxy
 	return pool, p
 }
 
-// H1: a database outage is not the messages' fault. Twenty messages arrive while
+// A database outage is not the messages' fault. Twenty messages arrive while
 // the consumer's Postgres refuses every connection for several AckWaits; the
 // consumer holds them and waits, instead of naking them into redeliveries that use
 // up MaxDeliver. When the database is back every one of them takes effect, once,
@@ -90,7 +90,7 @@ func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
 	}
 }
 
-// H1 for external effects: the lease cannot be taken while the database is down;
+// For external effects: the lease cannot be taken while the database is down;
 // the delivery waits for it instead of being naked, and the effect happens once.
 func TestDatabaseOutageDelaysAnExternalEffect(t *testing.T) {
 	b := setup(t)
@@ -127,7 +127,7 @@ func TestDatabaseOutageDelaysAnExternalEffect(t *testing.T) {
 	}
 }
 
-// H1: a handler that panics is recovered. Its message fails alone (charged, then
+// A handler that panics is recovered. Its message fails alone (charged, then
 // dead-lettered past MaxDeliver, with the panic as the reason) and its batch-mates
 // are processed; the worker keeps running.
 func TestPanickingHandlerFailsAlone(t *testing.T) {
@@ -173,7 +173,7 @@ func (f batchFunc) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.De
 	return f(ctx, tx, ds)
 }
 
-// H1 under a crash loop: one message kills its worker every time it runs (here the
+// Under a crash loop: one message kills its worker every time it runs (here the
 // fault point abandons its batch as a SIGKILL would). Its redeliveries run alone and
 // are charged in Postgres; it is dead-lettered past MaxDeliver, and the messages that
 // shared its first, crashed batch are processed on their next delivery instead of
@@ -213,7 +213,7 @@ func TestCrashLoopChargesOnlyTheCrasher(t *testing.T) {
 	t.Logf("crashes: %d", crashes.Load())
 }
 
-// M1: a lease holder cut off from its database (and its broker: a partitioned or
+// A lease holder cut off from its database (and its broker: a partitioned or
 // paused worker) stops its own effect before its lease can have run out, by its own
 // clock, so the worker that takes the key over never performs at the same time.
 func TestLeaseHolderStopsBeforeItsLeaseEnds(t *testing.T) {
@@ -313,7 +313,7 @@ func TestLeaseHolderStopsBeforeItsLeaseEnds(t *testing.T) {
 	}
 }
 
-// M6: batches are bounded by bytes as well as by count.
+// Batches are bounded by bytes as well as by count.
 func TestBatchesAreBoundedByBytes(t *testing.T) {
 	b := setup(t)
 	var biggest atomic.Int64

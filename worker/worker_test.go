@@ -545,7 +545,7 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
-// M5: the pool is split so that no part starves the others: the ingress gets what
+// The pool is split so that no part starves the others: the ingress gets what
 // the consumers, relay, collector and health checks leave (at least one request at
 // a time), and is refused beyond it with 503. A pool smaller than the parts can use
 // (pgxpool's default is max(4, CPUs)) still works; the worker says so.
@@ -631,7 +631,7 @@ func TestEnqueueOfAMessageTooLargeForTheBroker(t *testing.T) {
 	}
 }
 
-// L4: /readyz names the dependency that is down and nothing else: a driver's error
+// /readyz names the dependency that is down and nothing else: a driver's error
 // would show the user, the host and the database to whoever can reach the port.
 func TestReadyzNamesTheDependencyNotItsError(t *testing.T) {
 	t.Parallel()

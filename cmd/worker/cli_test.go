@@ -98,7 +98,7 @@ func TestEachCommandTakesOnlyItsFlags(t *testing.T) {
 
 // A flag the command does not take is a usage error, before or after the
 // subcommand, naming the command, the commands that do take the flag, and the
-// command's own flags. It used to pass silently (`worker stats --smtp-url x`).
+// command's own flags (`worker stats --smtp-url x` is refused).
 func TestCommandsRefuseFlagsTheyDoNotTake(t *testing.T) {
 	t.Parallel()
 	takes := regexp.MustCompile(` takes: (.*) \(see `)

@@ -265,7 +265,7 @@ func TestRefusesToStartBesideTheDataDirOfAnEarlierVersion(t *testing.T) {
 }
 
 // A worker that loses a part exits non-zero, so that a supervisor with
-// restart-on-failure restarts it (it used to exit 0). Here the charges consumer
+// restart-on-failure restarts it (not 0). Here the charges consumer
 // cannot take over a durable consumer someone else created with another ack policy.
 func TestComponentFailureExitsNonZero(t *testing.T) {
 	t.Parallel()

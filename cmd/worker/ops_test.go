@@ -490,7 +490,7 @@ func TestOpsFindThePrivatePostgres(t *testing.T) {
 	}
 }
 
-// L9: the operator commands find a zero-setup worker's private Postgres (and its
+// The operator commands find a zero-setup worker's private Postgres (and its
 // embedded JetStream) from any working directory, with the data dir given by the
 // environment only, while the worker runs (they take none of its locks), and even
 // though a Postgres answers at the default URL: the data dir records that its

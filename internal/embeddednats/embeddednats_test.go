@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// H3: the server requires a credential, which URL carries. Without it any local
+// The server requires a credential, which URL carries. Without it any local
 // user could publish, delete the stream or pull and ack a durable's messages.
 func TestClientWithoutTheCredentialIsRefused(t *testing.T) {
 	t.Parallel()

@@ -59,7 +59,7 @@ const (
 	SkipInboxClaim Point = "consumer.skip-inbox-claim"
 
 	// The switches below are the negative controls of the delivery's identity:
-	// each brings back one way an intent's effect used to run twice or never.
+	// each brings back one way an intent's effect would run twice or never.
 
 	// KeyOnlyIdentity is a switch: armed, consumers name every delivery by its key
 	// alone, so one intent's second message to one consumer is folded into its

@@ -156,7 +156,7 @@ func TestRelayDeadLettersARowTheBrokerRefuses(t *testing.T) {
 	}
 }
 
-// The review's scenario: 500 rows that can never be published (one full relay
+// 500 rows that can never be published (one full relay
 // batch) ahead of a good one. The good row is published by the first Drain: the
 // bad rows do not hold it up, whether the broker refuses them for good (too large)
 // or fails them one by one (a subject stored by another stream).
@@ -236,7 +236,7 @@ func TestRelayChargesNothingWhileTheBrokerIsDown(t *testing.T) {
 	})
 }
 
-// H4: every publish has its own deadline. A subject that a core subscriber takes
+// Every publish has its own deadline. A subject that a core subscriber takes
 // but no stream stores never gets a PubAck; both rows fail within PublishTimeout
 // (the old single timer fired once and the second wait hung forever).
 func TestRelayPublishHasADeadline(t *testing.T) {
@@ -264,7 +264,7 @@ func TestRelayPublishHasADeadline(t *testing.T) {
 	}
 }
 
-// M6: a batch holds at most MaxBatchBytes of payload in memory (a single bigger
+// A batch holds at most MaxBatchBytes of payload in memory (a single bigger
 // row is still taken alone).
 func TestRelayBatchIsBoundedByBytes(t *testing.T) {
 	t.Parallel()

@@ -31,7 +31,7 @@ func TestPeakRSS(t *testing.T) {
 	if os.Getenv("IDEM_RSS") == "" {
 		t.Skip("a measurement: run it with `make rss` (IDEM_RSS=1)")
 	}
-	// IDEM_RSS_BIN measures another build of the worker (an earlier version, say).
+	// IDEM_RSS_BIN measures another build of the worker (another commit's, say).
 	bin := os.Getenv("IDEM_RSS_BIN")
 	if bin == "" {
 		bin = filepath.Join(t.TempDir(), "worker")

@@ -57,7 +57,7 @@ func legacyInitdb(t *testing.T, r *runner, pgdata string) {
 	}
 }
 
-// H3: the private cluster's superuser has a generated password, kept in a 0600 file
+// The private cluster's superuser has a generated password, kept in a 0600 file
 // beside the cluster; a login without it (any other local user) is refused.
 func TestConnectionWithoutThePasswordIsRefused(t *testing.T) {
 	needBinaries(t)
@@ -148,7 +148,7 @@ func TestTrustClusterFromAnEarlierVersionIsClosed(t *testing.T) {
 	}
 }
 
-// L3: under root, pgembed writes and reads files inside a directory the postgres
+// Under root, pgembed writes and reads files inside a directory the postgres
 // user owns, which that user could fill with symlinks to root's files. Every such
 // file is opened without following a symlink, and the directory itself must not be
 // one. (The refusal holds for any user; under root it is what keeps a compromised

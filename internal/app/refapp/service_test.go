@@ -459,7 +459,7 @@ func TestBodyTheBrokerCannotCarryIs413(t *testing.T) {
 	}
 }
 
-// M5: the HTTP server bounds what one client can hold. A client that trickles its
+// The HTTP server bounds what one client can hold. A client that trickles its
 // body is cut off at ReadTimeout; a header block over MaxHeaderBytes is refused.
 func TestHTTPServerBoundsSlowAndLargeClients(t *testing.T) {
 	s := setup(t)

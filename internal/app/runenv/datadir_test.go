@@ -21,7 +21,7 @@ func closeEnv(t *testing.T, e *runenv.Env) {
 	}
 }
 
-// H3: the embedded server's URL, credential included, is recorded for the
+// The embedded server's URL, credential included, is recorded for the
 // operator commands in a file only the worker's user can read, replacing a 0644
 // file an earlier version left; a new data dir is private too.
 func TestNATSURLFileIsPrivate(t *testing.T) {
@@ -131,7 +131,7 @@ func TestSecondWorkerOnADataDirIsRefused(t *testing.T) {
 	closeEnv(t, again)
 }
 
-// L9: the default data dir is absolute and per user, so the operator commands find
+// The default data dir is absolute and per user, so the operator commands find
 // a running worker's files from any working directory.
 func TestDefaultDataDir(t *testing.T) {
 	home := t.TempDir()

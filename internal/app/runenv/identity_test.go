@@ -52,7 +52,7 @@ func port(t *testing.T, url string) uint16 {
 	return cfg.Port
 }
 
-// M4: a data dir belongs to one Postgres cluster. A zero-setup worker that started
+// A data dir belongs to one Postgres cluster. A zero-setup worker that started
 // its private cluster sticks to it even when a Postgres answers at the default URL
 // later (after a reboot the system one may come up first or last), and a worker
 // pointed at another cluster is refused, naming both.
