@@ -74,5 +74,5 @@
 //
 // Every component reports through one hook shape, idem.Observer, with one of the
 // idem.Outcome constants. The worker feeds its Prometheus metrics
-// (RegisterMetrics) from it and then calls the installation's Observer.
+// (RegisterMetrics) from it, beside the installation's own Observer.
 package worker
