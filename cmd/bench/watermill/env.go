@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -156,19 +155,7 @@ func (m *meter) stop(ctx context.Context) (measure.Measurement, error) {
 	return measure.Between(m.start, end), nil
 }
 
-// backends lists the Postgres backends connected to the phase's database.
+// backends lists the Postgres backends connected to the database.
 func (e *env) backends(ctx context.Context) ([]int, error) {
-	rows, err := e.pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, e.dbName)
-	if err != nil {
-		return nil, fmt.Errorf("meter: list backends: %w", err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return nil, fmt.Errorf("meter: list backends: %w", err)
-	}
-	out := make([]int, len(pids))
-	for i, p := range pids {
-		out[i] = int(p)
-	}
-	return out, nil
+	return measure.Backends(ctx, e.pool, e.dbName)
 }

@@ -8,8 +8,6 @@ import (
 	"runtime/pprof"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkit/idem/cmd/bench/internal/measure"
 )
 
@@ -64,22 +62,9 @@ func (m *Meter) Stop(ctx context.Context) (measure.Measurement, error) {
 	return measure.Between(m.start, end), nil
 }
 
-// backends lists the Postgres backends connected to the environment's database
-// (Postgres runs on this machine: their CPU is read from /proc).
+// backends lists the Postgres backends connected to the database.
 func (e *Env) backends(ctx context.Context) ([]int, error) {
-	rows, err := e.Pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, e.DBName)
-	if err != nil {
-		return nil, fmt.Errorf("meter: list backends: %w", err)
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil {
-		return nil, fmt.Errorf("meter: list backends: %w", err)
-	}
-	out := make([]int, len(pids))
-	for i, p := range pids {
-		out[i] = int(p)
-	}
-	return out, nil
+	return measure.Backends(ctx, e.Pool, e.DBName)
 }
 
 // ProfilePath inserts label before path's extension: cpu.pprof, e2e -> cpu.e2e.pprof.

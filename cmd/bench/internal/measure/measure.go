@@ -7,6 +7,7 @@
 package measure
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Measurement is what one timed phase took.
@@ -145,6 +148,29 @@ func Take(pids []int) (Sample, error) {
 	}
 	s.Backends = BackendsCPU(pids)
 	return s, nil
+}
+
+// Querier is what Backends needs of a pool or connection.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Backends lists the pids of the Postgres backends connected to database
+// (Postgres runs on this machine: their CPU is read from /proc, BackendsCPU).
+func Backends(ctx context.Context, db Querier, database string) ([]int, error) {
+	rows, err := db.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = $1`, database)
+	if err != nil {
+		return nil, fmt.Errorf("meter: list backends: %w", err)
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil, fmt.Errorf("meter: list backends: %w", err)
+	}
+	out := make([]int, len(pids))
+	for i, p := range pids {
+		out[i] = int(p)
+	}
+	return out, nil
 }
 
 // BackendsCPU reads the CPU each of pids has used so far, skipping a pid that

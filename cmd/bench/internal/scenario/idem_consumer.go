@@ -43,27 +43,9 @@ func (s idemConsumer) run(ctx context.Context, env *benchenv.Env, h *Harness) ([
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go progress(runCtx, name, "acked", n, settled.Load)
-
-	meter, err := env.StartMeter(ctx)
+	meas, err := timedRun(ctx, env, h.Opts.Timeout, name, "acked", settled, c.Run)
 	if err != nil {
 		return nil, err
-	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- c.Run(runCtx) }()
-	waitErr := settled.wait(ctx, h.Opts.Timeout, "acked")
-	meas, merr := meter.Stop(ctx)
-	cancel()
-	if err := <-runErr; err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if waitErr != nil {
-		return nil, fmt.Errorf("%s: %w", name, waitErr)
-	}
-	if merr != nil {
-		return nil, merr
 	}
 	res := report.Result{Scenario: name, Row: name, N: n, Messages: n, Config: settings}
 	res.SetMeasurement(meas, n)

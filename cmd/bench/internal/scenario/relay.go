@@ -62,27 +62,9 @@ func (s relay) run(ctx context.Context, env *benchenv.Env, h *Harness) ([]report
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go progress(runCtx, name, "published", n, published.Load)
-
-	meter, err := env.StartMeter(ctx)
+	meas, err := timedRun(ctx, env, h.Opts.Timeout, name, "published", published, r.Run)
 	if err != nil {
 		return nil, err
-	}
-	runErr := make(chan error, 1)
-	go func() { runErr <- r.Run(runCtx) }()
-	waitErr := published.wait(ctx, h.Opts.Timeout, "published")
-	meas, merr := meter.Stop(ctx)
-	cancel()
-	if err := <-runErr; err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if waitErr != nil {
-		return nil, fmt.Errorf("%s: %w", name, waitErr)
-	}
-	if merr != nil {
-		return nil, merr
 	}
 	res := report.Result{Scenario: name, Row: name, N: n, Messages: n,
 		Config: map[string]any{"relay_batch": h.Opts.RelayBatch, "prefill_batch": relayPrefillBatch}}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
+	"github.com/idemkit/idem/cmd/bench/internal/measure"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
 	"github.com/idemkit/idem/internal/app/refapp"
 )
@@ -141,6 +142,32 @@ func progress(ctx context.Context, scenario, what string, total int, done func()
 			fmt.Fprintf(os.Stderr, "[%s] %s %d/%d (%.0f/s)\n", scenario, what, d, total, float64(d)/time.Since(start).Seconds())
 		}
 	}
+}
+
+// timedRun runs run (a consumer's or a relay's Run) until c reaches its target,
+// printing progress as verb, and returns what env's meter measured from run's
+// start to the target. run is stopped before timedRun returns.
+func timedRun(ctx context.Context, env *benchenv.Env, timeout time.Duration, name, verb string, c *counter, run func(context.Context) error) (measure.Measurement, error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go progress(runCtx, name, verb, int(c.target), c.Load)
+
+	meter, err := env.StartMeter(ctx)
+	if err != nil {
+		return measure.Measurement{}, err
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- run(runCtx) }()
+	waitErr := c.wait(ctx, timeout, verb)
+	meas, merr := meter.Stop(ctx)
+	cancel()
+	if err := <-runErr; err != nil {
+		return measure.Measurement{}, fmt.Errorf("%s: %w", name, err)
+	}
+	if waitErr != nil {
+		return measure.Measurement{}, fmt.Errorf("%s: %w", name, waitErr)
+	}
+	return meas, merr
 }
 
 // counter counts up to a target and closes Done when it gets there.
