@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/idemkit/idem/internal/registry"
@@ -79,17 +76,10 @@ func runConsumersRename(o *consumersRenameOptions, stdout, _ io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "renamed consumer %s to %s: its inbox, attempts, dead letters and registry entry\n", from, to)
 
-	url := o.nats.url
-	var auth runenv.NATSAuth
+	url, _, auth := o.nats.target(o.db.dataDir)
 	if url == "" {
-		b, err := os.ReadFile(filepath.Join(o.db.dataDir, runenv.NATSURLFile))
-		if err != nil {
-			return fmt.Errorf("consumers rename: renamed, but no --nats-url and no %s under --data-dir %s: delete the durable consumer %s on stream %s yourself (nats consumer rm %s %s)",
-				runenv.NATSURLFile, o.db.dataDir, from, refapp.StreamName, refapp.StreamName, from)
-		}
-		url = strings.TrimSpace(string(b))
-	} else {
-		auth = o.nats.auth
+		return fmt.Errorf("consumers rename: renamed, but no --nats-url and no %s under --data-dir %s: delete the durable consumer %s on stream %s yourself (nats consumer rm %s %s)",
+			runenv.NATSURLFile, o.db.dataDir, from, refapp.StreamName, refapp.StreamName, from)
 	}
 	deleted, err := deleteDurable(ctx, url, auth, refapp.StreamName, from)
 	if err != nil {

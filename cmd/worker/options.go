@@ -5,6 +5,10 @@ package main
 // usage text and one environment variable, whichever command takes it.
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
+
 	"github.com/idemkit/idem/internal/app/runenv"
 )
 
@@ -62,6 +66,22 @@ func (n *natsOptions) flags(fs *flagSet) {
 
 func (n *natsOptions) secrets() []*secret {
 	return []*secret{{flag: "nats-password", env: "IDEM_NATS_PASSWORD", value: &n.auth.Password, file: n.passwordFile}}
+}
+
+// target is the NATS server an operator command talks to: --nats-url with its
+// credentials when given, else the embedded server a zero-setup worker recorded
+// in dataDir (its URL carries its own token, so no credentials). source says
+// where the URL came from; url is empty when neither has one.
+func (n *natsOptions) target(dataDir string) (url, source string, auth runenv.NATSAuth) {
+	if n.url != "" {
+		return n.url, "--nats-url / NATS_URL", n.auth
+	}
+	file := filepath.Join(dataDir, runenv.NATSURLFile)
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", "", runenv.NATSAuth{}
+	}
+	return strings.TrimSpace(string(b)), file, runenv.NATSAuth{}
 }
 
 // httpAddrVar registers --http-addr: where the service listens, and where

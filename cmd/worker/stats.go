@@ -8,8 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -100,21 +98,11 @@ func runStats(o *statsOptions, stdout, _ io.Writer) error {
 	// JetStream is optional. A URL the user gave must work; a URL found in the data
 	// dir may be stale (the worker stopped), which is worth a note, not a failure.
 	// It is read before and after the database, for the consumers' rates.
-	url, source := o.nats.url, "--nats-url / NATS_URL"
-	if url == "" {
-		file := filepath.Join(o.db.dataDir, runenv.NATSURLFile)
-		if b, err := os.ReadFile(file); err == nil {
-			url, source = strings.TrimSpace(string(b)), file
-		}
-	}
+	url, source, auth := o.nats.target(o.db.dataDir)
 	var js *jetStreamReader
 	var first *ops.JetStreamStats
 	if url != "" {
 		out.JetStreamSource = source
-		var auth runenv.NATSAuth
-		if o.nats.url != "" {
-			auth = o.nats.auth // the embedded server's recorded URL carries its own token
-		}
 		js, err = openJetStream(url, auth)
 		if err == nil {
 			defer js.close()
