@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testkit/rawconn"
+
 	"github.com/idemkit/idem/producer"
 )
 
@@ -65,25 +67,6 @@ func serveGuarded(t *testing.T, guard bool) (string, *seen) {
 	return ln.Addr().String(), &s
 }
 
-// exchange writes stream on a new connection to addr and reads until the server
-// closes it, or until a deadline: closed says which.
-func exchange(t *testing.T, addr, stream string) (responses string, closed bool) {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, stream); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	var out bytes.Buffer
-	_, err = io.Copy(&out, c)
-	var ne net.Error
-	return out.String(), !(errors.As(err, &ne) && ne.Timeout())
-}
-
 // smuggling is a request that carries both Content-Length and Transfer-Encoding:
 // framed by Content-Length (as a proxy in front may frame it) it is one request;
 // framed by its chunked encoding, as net/http frames it, it ends early, and the
@@ -103,7 +86,7 @@ func TestGuardListenerRefusesSmuggling(t *testing.T) {
 	stream := "GET /first HTTP/1.1\r\nHost: a\r\n\r\n" + smuggling("/pay")
 
 	addr, s := serveGuarded(t, true)
-	out, closed := exchange(t, addr, stream)
+	out, closed := rawconn.Exchange(t, addr, stream, 5*time.Second)
 	if got := s.get(); len(got) != 1 || got[0] != "GET /first " {
 		t.Errorf("the handler saw %q, want only GET /first", got)
 	}
@@ -116,7 +99,7 @@ func TestGuardListenerRefusesSmuggling(t *testing.T) {
 
 	// The same bytes without the guard: what it is for.
 	addr, s = serveGuarded(t, false)
-	if _, closed := exchange(t, addr, stream); closed || len(s.get()) != 3 || s.get()[2] != "POST /smuggled {}" {
+	if _, closed := rawconn.Exchange(t, addr, stream, 5*time.Second); closed || len(s.get()) != 3 || s.get()[2] != "POST /smuggled {}" {
 		t.Fatalf("without the guard: handler saw %q, closed=%v; the control no longer shows the hole", s.get(), closed)
 	}
 }
@@ -131,7 +114,7 @@ func TestGuardListenerServesHonestRequests(t *testing.T) {
 		"POST /chunked HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 5\r\n\r\n" +
 		"GET /last HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
 	addr, s := serveGuarded(t, true)
-	out, closed := exchange(t, addr, stream)
+	out, closed := rawconn.Exchange(t, addr, stream, 5*time.Second)
 	want := []string{"POST /cl " + tricky, "POST /chunked abcde", "GET /last "}
 	if got := s.get(); strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("the handler saw %q, want %q", got, want)

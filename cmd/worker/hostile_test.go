@@ -2,9 +2,6 @@ package main
 
 import (
 	"bytes"
-	"errors"
-	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -13,28 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testkit/rawconn"
+
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
-
-// rawExchange writes stream on a fresh connection to addr and reads until the
-// server closes it or 10s pass; closed says which.
-func rawExchange(t *testing.T, addr, stream string) (responses string, closed bool) {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, stream); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var out bytes.Buffer
-	_, err = io.Copy(&out, c)
-	var ne net.Error
-	return out.String(), !(errors.As(err, &ne) && ne.Timeout())
-}
 
 // Hostile input, as raw bytes on a socket, against the worker binary: a request
 // hiding another in the rest of its declared body is answered 400 and its
@@ -73,7 +53,7 @@ func TestHostileInputAgainstTheWorker(t *testing.T) {
 	body := "0\r\n\r\n" + hidden
 	smuggling := "POST /v1/payments HTTP/1.1\r\nHost: idem\r\nIdempotency-Key: k-outer\r\nContent-Type: application/json\r\n" +
 		"Content-Length: " + strconv.Itoa(len(body)) + "\r\nTransfer-Encoding: chunked\r\n\r\n" + body
-	out, closed := rawExchange(t, addr, smuggling)
+	out, closed := rawconn.Exchange(t, addr, smuggling, 10*time.Second)
 	if !strings.HasPrefix(out, "HTTP/1.1 400 Bad Request\r\n") || strings.Count(out, "HTTP/1.1 ") != 1 || !closed {
 		t.Errorf("Content-Length with Transfer-Encoding: responses %q, closed %v; want one 400, then the connection closed", out, closed)
 	}
@@ -82,7 +62,7 @@ func TestHostileInputAgainstTheWorker(t *testing.T) {
 		"k-nul":  `{"account":"a\u0000","amount_cents":1}`,
 		"k-utf8": "{\"account\":\"a\xff\",\"amount_cents\":1}",
 	} {
-		out, _ := rawExchange(t, addr, payment(key, body, "Connection: close\r\n"))
+		out, _ := rawconn.Exchange(t, addr, payment(key, body, "Connection: close\r\n"), 10*time.Second)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 Bad Request\r\n") || !strings.Contains(out, `"code":"invalid_text"`) {
 			t.Errorf("%s: %q, want 400 invalid_text", key, out)
 		}

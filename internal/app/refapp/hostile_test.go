@@ -1,38 +1,17 @@
 package refapp_test
 
 import (
-	"bytes"
 	"context"
-	"errors"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/internal/testkit/rawconn"
+
 	"github.com/idemkit/idem/internal/app/refapp"
 )
-
-// rawExchange writes stream on a fresh connection to addr, then reads until the
-// server closes it or 10s pass; closed says which.
-func rawExchange(t *testing.T, addr, stream string) (responses string, closed bool) {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if _, err := io.WriteString(c, stream); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var out bytes.Buffer
-	_, err = io.Copy(&out, c)
-	var ne net.Error
-	return out.String(), !(errors.As(err, &ne) && ne.Timeout())
-}
 
 // paymentRequest is a raw POST /v1/payments.
 func paymentRequest(key, body string) string {
@@ -52,7 +31,7 @@ func TestSmuggledRequestIsRefused(t *testing.T) {
 		body := "0\r\n\r\n" + hidden
 		stream := outer + " HTTP/1.1\r\nHost: idem\r\nIdempotency-Key: k-outer\r\nContent-Type: application/json\r\n" +
 			"Content-Length: " + strconv.Itoa(len(body)) + "\r\nTransfer-Encoding: chunked\r\n\r\n" + body
-		out, closed := rawExchange(t, s.svc.Addr(), stream)
+		out, closed := rawconn.Exchange(t, s.svc.Addr(), stream, 10*time.Second)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 Bad Request\r\n") || strings.Count(out, "HTTP/1.1 ") != 1 {
 			t.Errorf("%s: responses %q, want one 400", outer, out)
 		}
@@ -64,8 +43,8 @@ func TestSmuggledRequestIsRefused(t *testing.T) {
 		t.Fatalf("%d payments or claimed keys: a smuggled request ran", n)
 	}
 	// The listener still serves honest requests.
-	if out, _ := rawExchange(t, s.svc.Addr(), paymentRequest("k-honest", `{"account":"acct_1","amount_cents":100}`)+
-		"GET /healthz HTTP/1.1\r\nHost: idem\r\nConnection: close\r\n\r\n"); !strings.HasPrefix(out, "HTTP/1.1 202 Accepted\r\n") || strings.Count(out, "HTTP/1.1 200 OK\r\n") != 1 {
+	if out, _ := rawconn.Exchange(t, s.svc.Addr(), paymentRequest("k-honest", `{"account":"acct_1","amount_cents":100}`)+
+		"GET /healthz HTTP/1.1\r\nHost: idem\r\nConnection: close\r\n\r\n", 10*time.Second); !strings.HasPrefix(out, "HTTP/1.1 202 Accepted\r\n") || strings.Count(out, "HTTP/1.1 200 OK\r\n") != 1 {
 		t.Errorf("honest requests after the refusals: %q", out)
 	}
 }
@@ -80,7 +59,7 @@ func TestTextNoColumnCanHoldIsRefused(t *testing.T) {
 		"k-utf8": "{\"account\":\"a\xc3\x28\",\"amount_cents\":1}",
 	} {
 		req := strings.Replace(paymentRequest(key, body), "HTTP/1.1\r\n", "HTTP/1.1\r\nConnection: close\r\n", 1)
-		out, _ := rawExchange(t, s.svc.Addr(), req)
+		out, _ := rawconn.Exchange(t, s.svc.Addr(), req, 10*time.Second)
 		if !strings.HasPrefix(out, "HTTP/1.1 400 Bad Request\r\n") || !strings.Contains(out, `"code":"invalid_text"`) {
 			t.Errorf("%s: %q, want 400 invalid_text", key, out)
 		}
