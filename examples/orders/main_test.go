@@ -70,11 +70,7 @@ func TestTheProgramShipsEachOrderOnce(t *testing.T) {
 		t.Skip("builds and runs the example")
 	}
 	t.Parallel()
-	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
-	broker := natstest.Start(t)
-	addr := freeAddr(t)
-	p := start(t, "DATABASE_URL="+db.URL, "NATS_URL="+broker.URL(), "ADDR="+addr)
-	testenv.Eventually(t, 45*time.Second, "the service to be ready", func() bool { return ready(addr) })
+	db, _, addr, p := startReady(t)
 	post := func(key string) *http.Response { return postOrder(t, addr, key) }
 	k1, k2 := string(idem.NewKey()), string(idem.NewKey())
 	if r := post(k1); r.StatusCode != http.StatusAccepted {
@@ -171,11 +167,7 @@ func TestTheProgramTakesOrdersWhileTheBrokerIsAway(t *testing.T) {
 		t.Skip("builds and runs the example")
 	}
 	t.Parallel()
-	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
-	broker := natstest.Start(t)
-	addr := freeAddr(t)
-	p := start(t, "DATABASE_URL="+db.URL, "NATS_URL="+broker.URL(), "ADDR="+addr)
-	testenv.Eventually(t, 45*time.Second, "the service to be ready", func() bool { return ready(addr) })
+	db, broker, addr, p := startReady(t)
 
 	broker.Stop()
 	testenv.Eventually(t, 20*time.Second, "a log line on the disconnect", func() bool {
@@ -216,6 +208,18 @@ func TestTheProgramRefusesAnUnsetServer(t *testing.T) {
 			t.Errorf("the program without %s: %v, want it refused by name\n%s", tc.name, err, p.logs())
 		}
 	}
+}
+
+// startReady runs the program on a database and a broker of its own, listening on
+// addr, and waits until it is ready.
+func startReady(t *testing.T) (db *pgtest.DB, broker *natstest.Server, addr string, p *process) {
+	t.Helper()
+	db = pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	broker = natstest.Start(t)
+	addr = freeAddr(t)
+	p = start(t, "DATABASE_URL="+db.URL, "NATS_URL="+broker.URL(), "ADDR="+addr)
+	testenv.Eventually(t, 45*time.Second, "the service to be ready", func() bool { return ready(addr) })
+	return db, broker, addr, p
 }
 
 // freeAddr is a loopback address nothing listens on, for the program's ADDR.
