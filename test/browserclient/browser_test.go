@@ -97,8 +97,9 @@ func (s *scripted) routes(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("/do/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
-		if r.Method == http.MethodGet {
-			// A client's reachability probe (a no-cors GET): no intent, no answer of the script.
+		if r.Method == http.MethodGet || r.Method == http.MethodOptions {
+			// A client's reachability probe (a no-cors GET), or a preflight the gate
+			// let through: no intent, no answer of the script.
 			w.WriteHeader(http.StatusMethodNotAllowed)
 			return
 		}
@@ -144,49 +145,6 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// corsGate serves the scripted endpoint to pages of another origin, with the
-// CORS configuration the page asks for (POST /cors/MODE on the page's origin):
-// "none" answers no preflight, as a service without CORS; "preflight" answers
-// the preflight but leaves Access-Control-Allow-Origin off the actual response,
-// so the service runs a request whose answer the browser then hides; "full"
-// follows the contract.
-type corsGate struct {
-	mu   sync.Mutex
-	mode string
-}
-
-func (g *corsGate) set(w http.ResponseWriter, r *http.Request) {
-	g.mu.Lock()
-	g.mode = r.PathValue("mode")
-	g.mu.Unlock()
-}
-
-func (g *corsGate) wrap(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		g.mu.Lock()
-		mode := g.mode
-		g.mu.Unlock()
-		origin := r.Header.Get("Origin")
-		if r.Method == http.MethodOptions {
-			if mode == "none" || origin == "" {
-				w.WriteHeader(http.StatusMethodNotAllowed)
-				return
-			}
-			h := w.Header()
-			h.Set("Access-Control-Allow-Origin", origin)
-			h.Set("Access-Control-Allow-Methods", "POST")
-			h.Set("Access-Control-Allow-Headers", "Idempotency-Key, Idempotency-Scope, Content-Type")
-			w.WriteHeader(http.StatusNoContent)
-			return
-		}
-		if mode == "full" && origin != "" {
-			w.Header().Set("Access-Control-Allow-Origin", origin)
-			w.Header().Set("Access-Control-Expose-Headers", "Idempotent-Replayed, Retry-After, Date")
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // packageDir is clients/browser, the npm package.
 func packageDir() string {
 	_, here, _, _ := runtime.Caller(0)
@@ -204,13 +162,15 @@ func TestInBrowser(t *testing.T) {
 	files := http.FileServerFS(os.DirFS(packageDir()))
 	mux.Handle("GET /src/", files)
 	mux.Handle("GET /test/browser/", files)
-	gate := &corsGate{mode: "none"}
-	mux.HandleFunc("POST /cors/{mode}", gate.set)
+	gate := browsertest.NewCORSGate(browsertest.CORSNone)
+	mux.HandleFunc("POST /cors/{mode}", func(w http.ResponseWriter, r *http.Request) {
+		gate.Set(browsertest.CORSMode(r.PathValue("mode")))
+	})
 	// 127.0.0.1 is a secure context, as Web Locks need.
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	// Another origin (another port) serving the same endpoint behind the gate.
-	other := httptest.NewServer(gate.wrap(mux))
+	other := httptest.NewServer(gate.Wrap(mux))
 	t.Cleanup(other.Close)
 	// An origin where nothing listens: an outage.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -184,7 +184,11 @@ const ownHeaders = ["idempotency-key", "idempotency-scope", "content-type", "acc
 /** How long a CORS diagnosis of an origin holds, milliseconds. */
 const diagnosisTTL = 30_000;
 
-/** Wake-ups closer together than this fold into one, milliseconds. */
+/**
+ * Milliseconds by which a re-drive's timer may be late before its intent counts
+ * as rescheduled, and by which other tabs let the tab that paused an intent go
+ * first.
+ */
 const wakeGap = 1000;
 
 /**
@@ -240,7 +244,6 @@ export class Client {
   #finished = new Set();
   /** The server's clock ahead of this device's, once a response said so. */
   #offset = 0;
-  #lastWake = 0;
   #closed = false;
   /** @type {Promise<boolean> | null} */
   #persisting = null;
@@ -523,14 +526,15 @@ export class Client {
     this.#listeners.push([target, type, fn]);
   }
 
-  /** The browser is back online, or the page is shown again: send what waits. */
+  /**
+   * The browser is back online, or the page is shown again: send what waits.
+   * Wake-ups that come together (focus, visibilitychange and pageshow do) send
+   * an intent once: each skips an intent attempted since it came.
+   */
   #wake() {
-    const now = Date.now();
-    if (this.#closed || now - this.#lastWake < wakeGap) {
-      return;
+    if (!this.#closed) {
+      this.#sendPending(Date.now()).catch(() => {});
     }
-    this.#lastWake = now;
-    this.#sendPending(now).catch(() => {});
   }
 
   /**
