@@ -13,7 +13,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -172,13 +171,7 @@ func TestInBrowser(t *testing.T) {
 	// Another origin (another port) serving the same endpoint behind the gate.
 	other := httptest.NewServer(gate.Wrap(mux))
 	t.Cleanup(other.Close)
-	// An origin where nothing listens: an outage.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := "http://" + ln.Addr().String()
-	ln.Close()
+	down := browsertest.ClosedOrigin(t)
 
 	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()

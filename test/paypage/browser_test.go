@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -308,11 +307,7 @@ func TestPayPage(t *testing.T) {
 	t.Run("journal wiped before the retry (negative control): two rows", func(t *testing.T) {
 		w.t = t
 		tb := w.profile().open()
-		tb.pay("acct_wiped", "#net-hold")
-		first := tb.waitRow("the intent in flight", func(r row) bool { return r.Status == "pending" }).Key
-		tb.do("the held response", chromedp.WaitVisible(chromedp.CSS(`#held li[data-key="`+first+`"]`)))
-		tb.do("wipe the journal", chromedp.Click(chromedp.ID("wipe")))
-		tb.waitRows("the journal empty", func(rs []row) bool { return len(rs) == 0 })
+		first := tb.payHeldThenWipe("acct_wiped")
 		tb.do("drop the held response", chromedp.Click(chromedp.CSS(`#held li[data-key="`+first+`"] button.drop`)))
 		tb.do("the intent reported lost", chromedp.WaitVisible(chromedp.CSS(`#lost li[data-key="`+first+`"]`)))
 		tb.pay("acct_wiped", "#net-deliver")
@@ -327,11 +322,7 @@ func TestPayPage(t *testing.T) {
 	t.Run("journal wiped, then the held answer delivered: the page reports the charge", func(t *testing.T) {
 		w.t = t
 		tb := w.profile().open()
-		tb.pay("acct_late", "#net-hold")
-		key := tb.waitRow("the intent in flight", func(r row) bool { return r.Status == "pending" }).Key
-		tb.do("the held response", chromedp.WaitVisible(chromedp.CSS(`#held li[data-key="`+key+`"]`)))
-		tb.do("wipe the journal", chromedp.Click(chromedp.ID("wipe")))
-		tb.waitRows("the journal empty", func(rs []row) bool { return len(rs) == 0 })
+		key := tb.payHeldThenWipe("acct_late")
 		tb.do("deliver the held response", chromedp.Click(chromedp.CSS(`#held li[data-key="`+key+`"] button.deliver`)))
 		tb.do("the charge reported", chromedp.WaitVisible(chromedp.CSS(`#notice[data-status="done"][data-key="`+key+`"]`)))
 		if n := tb.eval(`String(document.querySelectorAll("#lost li").length)`); n != "0" {
@@ -482,13 +473,7 @@ func TestPayPageCrossOrigin(t *testing.T) {
 	})
 	shopSrv := httptest.NewServer(shop)
 	t.Cleanup(shopSrv.Close)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	down := "http://" + ln.Addr().String()
-	ln.Close()
-
+	down := browsertest.ClosedOrigin(t)
 	tb := w.profile().openURL(shopSrv.URL + "/?" + url.Values{"api": {api.URL}, "down": {down}}.Encode())
 	type result struct {
 		Key, Status, Cause, Error string
@@ -663,6 +648,18 @@ func (tb *tab) pay(account, network string) {
 		steps = append(steps, chromedp.Click(chromedp.CSS(network)))
 	}
 	tb.do("pay", append(steps, chromedp.Click(chromedp.ID("pay")))...)
+}
+
+// payHeldThenWipe pays with the response held at the page, wipes the journal
+// while it is held, and returns the intent's key.
+func (tb *tab) payHeldThenWipe(account string) string {
+	tb.p.w.t.Helper()
+	tb.pay(account, "#net-hold")
+	key := tb.waitRow("the intent in flight", func(r row) bool { return r.Status == "pending" }).Key
+	tb.do("the held response", chromedp.WaitVisible(chromedp.CSS(`#held li[data-key="`+key+`"]`)))
+	tb.do("wipe the journal", chromedp.Click(chromedp.ID("wipe")))
+	tb.waitRows("the journal empty", func(rs []row) bool { return len(rs) == 0 })
+	return key
 }
 
 // payDisabled reports whether the page's Pay button is off.

@@ -830,8 +830,9 @@ export class Client {
       const body = await res.text();
       const date = res.headers.get("Date");
       const offset = clockOffset(date, Date.now());
-      if (offset !== null && Math.abs(offset) > clockSkewAllowanceMs) {
-        this.#offset = offset;
+      if (offset !== null) {
+        // Keys follow the server's clock while this one is off, and this one's again once it is right.
+        this.#offset = Math.abs(offset) > clockSkewAllowanceMs ? offset : 0;
       }
       return {
         kind: "response",

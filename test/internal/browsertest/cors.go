@@ -1,8 +1,10 @@
 package browsertest
 
 import (
+	"net"
 	"net/http"
 	"sync"
+	"testing"
 )
 
 // CORSMode is how a CORSGate answers a page of another origin.
@@ -62,4 +64,17 @@ func (g *CORSGate) Wrap(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// ClosedOrigin is an http origin on loopback where nothing listens: a page's
+// requests to it fail as in an outage.
+func ClosedOrigin(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	origin := "http://" + ln.Addr().String()
+	ln.Close()
+	return origin
 }

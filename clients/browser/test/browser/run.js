@@ -55,6 +55,18 @@ function wipe(name) {
   });
 }
 
+/** A client whose journal is wiped after each response arrives, before it reads it. */
+function wipingClient(name) {
+  return new Client({
+    journal: name, ...still,
+    fetch: async (url, init) => {
+      const res = await fetch(url, init);
+      await wipe(name);
+      return res;
+    },
+  });
+}
+
 let n = 0;
 /** A fresh journal name and script name for one test. */
 const fresh = (what) => `${what}-${Date.now()}-${n++}`;
@@ -524,14 +536,7 @@ test("client: an intent wiped before its final answer is gone, not re-minted, wi
   const name = fresh("c");
   const s = fresh("s");
   await script(s, [{ status: 503, body: '{"code":"database_unavailable"}' }]);
-  const c = new Client({
-    journal: name, ...still,
-    fetch: async (url, init) => {
-      const res = await fetch(url, init);
-      await wipe(name);
-      return res;
-    },
-  });
+  const c = wipingClient(name);
   const e = await rejects(c.submit({ path: `/do/${s}`, body: "{}" }), IntentGoneError, "submit");
   equal([e.httpStatus, e.response], [503, { code: "database_unavailable" }], "the last answer it got");
   equal((await seen(s)).length, 1, "no retry, no new key");
@@ -542,14 +547,7 @@ test("client: a final answer that arrives after the journal was wiped is kept as
   const name = fresh("c");
   const s = fresh("s");
   await script(s, [{ status: 202, body: '{"payment_id":7}' }]);
-  const c = new Client({
-    journal: name, ...still,
-    fetch: async (url, init) => {
-      const res = await fetch(url, init);
-      await wipe(name);
-      return res;
-    },
-  });
+  const c = wipingClient(name);
   const r = await c.submit({ path: `/do/${s}`, body: "{}" });
   equal([r.status, r.httpStatus, r.response], ["done", 202, { payment_id: 7 }], "done, from the answer in hand");
   assert(/left the journal/.test(r.error), r.error);
