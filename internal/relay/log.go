@@ -179,7 +179,9 @@ func (l *LogRelay) replicationConfig() *pgconn.Config {
 	c.RuntimeParams["replication"] = "database"
 	c.RuntimeParams["application_name"] = "idem log relay"
 	// A timed-out read leaves the stream as it was (a cancel request would end it).
-	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler { return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()} }
+	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
 	return c
 }
 
