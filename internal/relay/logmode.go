@@ -133,9 +133,13 @@ type slotState struct {
 	lagBytes  int64
 }
 
-func readSlot(ctx context.Context, q interface {
+// Querier is what reads of the relay's state need: a pool, a connection or a
+// transaction.
+type Querier interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
-}, slot string) (slotState, error) {
+}
+
+func readSlot(ctx context.Context, q Querier, slot string) (slotState, error) {
 	s := slotState{exists: true}
 	err := q.QueryRow(ctx, sqlSlot, slot).Scan(&s.active, &s.pid, &s.walStatus, &s.confirmed, &s.lagBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -147,33 +151,53 @@ func readSlot(ctx context.Context, q interface {
 	return s, nil
 }
 
-// SlotLag is the log relay's slot as an operator sees it.
-type SlotLag struct {
-	Slot   string
-	Exists bool
-	// Active: a relay is reading it now.
-	Active bool
-	// Bytes is the WAL written since the position the relay last confirmed: what
-	// the slot keeps, and what a relay starting now would read again.
-	Bytes int64
-	// Lost: Postgres removed WAL the slot still needed (max_slot_wal_keep_size).
-	Lost bool
+// State is which relay publishes an installation's outbox and, for the log
+// relay, its slot, as an operator sees them.
+type State struct {
+	// Mode is the relay new rows belong to.
+	Mode Mode `json:"mode"`
+	// Slot is the log relay's slot (empty while the polling relay publishes).
+	Slot string `json:"slot,omitempty"`
+	// SlotExists, SlotActive (a relay streams it now) and SlotLost (Postgres
+	// removed WAL it still needed: max_slot_wal_keep_size) describe the slot.
+	SlotExists bool `json:"slot_exists"`
+	SlotActive bool `json:"slot_active"`
+	SlotLost   bool `json:"slot_lost"`
+	// SlotLagBytes is the WAL written since the position the log relay last
+	// confirmed: what the slot keeps, and what a relay starting now reads again.
+	SlotLagBytes int64 `json:"slot_lag_bytes"`
 }
 
-// ReadSlotLag reads the log relay's slot of database and schema.
-func ReadSlotLag(ctx context.Context, pool *pgxpool.Pool, database, schema string) (SlotLag, error) {
-	names := NamesFor(database, schema)
-	s, err := readSlot(ctx, pool, names.Slot)
+// sqlDatabase is the database a querier is connected to.
+const sqlDatabase = `SELECT current_database()`
+
+// ReadState reads the relay's State of schema's outbox.
+func ReadState(ctx context.Context, q Querier, st *store.Store, schema string) (State, error) {
+	mode, err := relayDefault(ctx, q, st)
 	if err != nil {
-		return SlotLag{}, err
+		return State{}, err
 	}
-	return SlotLag{Slot: names.Slot, Exists: s.exists, Active: s.active, Bytes: s.lagBytes, Lost: s.walStatus == "lost"}, nil
+	var database string
+	if err := q.QueryRow(ctx, sqlDatabase).Scan(&database); err != nil {
+		return State{}, fmt.Errorf("relay: %w", err)
+	}
+	s := State{Mode: mode}
+	names := NamesFor(database, schema)
+	slot, err := readSlot(ctx, q, names.Slot)
+	if err != nil {
+		return State{}, err
+	}
+	if slot.exists || s.Mode == ModeLog {
+		s.Slot = names.Slot
+	}
+	s.SlotExists, s.SlotActive, s.SlotLost, s.SlotLagBytes = slot.exists, slot.active, slot.walStatus == "lost", slot.lagBytes
+	return s, nil
 }
 
 // relayDefault reads which relay new rows belong to.
-func relayDefault(ctx context.Context, pool *pgxpool.Pool, st *store.Store) (Mode, error) {
+func relayDefault(ctx context.Context, q Querier, st *store.Store) (Mode, error) {
 	var def string
-	if err := pool.QueryRow(ctx, st.Outbox.RelayDefault).Scan(&def); err != nil {
+	if err := q.QueryRow(ctx, st.Outbox.RelayDefault).Scan(&def); err != nil {
 		return "", fmt.Errorf("relay: read the outbox's relay: %w", err)
 	}
 	if strings.HasPrefix(def, "'log'") {
