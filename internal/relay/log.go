@@ -237,14 +237,19 @@ func (l *LogRelay) session(ctx context.Context) error {
 // written before it, to the polling relay: after a slot was dropped or lost they
 // were never published, and no slot streams them now.
 func (l *LogRelay) createSlot(ctx context.Context, conn *pgconn.PgConn) error {
+	fs := faults.From(ctx)
 	_, err := pglogrepl.CreateReplicationSlot(ctx, conn, l.names.Slot, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+		pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT",
+			Temporary: fs.On(faults.TemporarySlot)})
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42710" { // duplicate_object: another relay made it
 		return errStandby{}
 	}
 	if err != nil {
 		return fmt.Errorf("relay: create slot %s: %w", l.names.Slot, err)
+	}
+	if fs.On(faults.SkipSlotHandOver) || fs.On(faults.TemporarySlot) {
+		return nil // the negative controls: what no slot streams stays unpublished
 	}
 	var created time.Time
 	if err := l.pool.QueryRow(ctx, `SELECT now()`).Scan(&created); err != nil {
@@ -290,6 +295,7 @@ func (l *LogRelay) read(ctx context.Context, conn *pgconn.PgConn) error {
 		return err
 	}
 
+	confirmOnRead := faults.From(ctx).On(faults.ConfirmOnRead)
 	var cols outboxColumns
 	var rel uint32
 	var relKnown bool
@@ -403,6 +409,9 @@ func (l *LogRelay) read(ctx context.Context, conn *pgconn.PgConn) error {
 					continue
 				}
 				cur.end = m.TransactionEndLSN
+				if confirmOnRead {
+					a.advance(uint64(cur.end)) // the negative control: before any PubAck
+				}
 				enqueued++
 				select {
 				case txns <- cur:
@@ -547,6 +556,7 @@ func (a *acker) settle(ctx context.Context, w *window, x *logTxn) error {
 				continue
 			}
 			if !up || dropped || connectionLost(err) {
+				a.l.observe.Observe(idem.Event{Component: idem.ComponentRelay, Outcome: idem.OutcomeFailed, Count: len(failed)})
 				return fmt.Errorf("%w: %d of a transaction's %d rows wait: %v", ErrBrokerDown, len(failed), len(x.rows), err)
 			}
 			w.handOver.add(o.id, fmt.Sprintf("publish to %s failed: %v", o.subject, err), a.l.cfg.Backoff(1))
