@@ -24,7 +24,7 @@ func (w *Worker) chooseRelay(ctx context.Context) error {
 		w.log.InfoContext(ctx, "relay: polling relay (SELECT ... FOR UPDATE SKIP LOCKED): "+why, "relay", relay.ModePoll)
 		// Rows a log relay left unpublished, from an earlier start, are the
 		// polling relay's now; its slot, if no relay reads it, is dropped.
-		c, err := relay.LogCapability(ctx, w.pool)
+		c, err := relay.LogCapability(ctx, w.pool, w.inst.Schema())
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
@@ -61,7 +61,7 @@ func (w *Worker) relayMode(ctx context.Context) (relay.Mode, string, error) {
 	case r.AtomicPublish:
 		return relay.ModePoll, "AtomicPublish batches are published by the polling relay", nil
 	}
-	c, err := relay.LogCapability(ctx, w.pool)
+	c, err := relay.LogCapability(ctx, w.pool, w.inst.Schema())
 	if err != nil {
 		return "", "", fmt.Errorf("worker: %w", err)
 	}

@@ -185,7 +185,8 @@ func Parse(spec string) (*Set, error) {
 
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
-	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true}
+	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true,
+	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
 // for "panic" and kills the process for "kill". Call it where the handler runs.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -130,7 +131,7 @@ func (e errStandby) Error() string {
 // the window under way is finished (its PubAcks awaited, bounded by
 // PublishTimeout, on the work context) before Run returns nil.
 func (l *LogRelay) Run(ctx context.Context) error {
-	c, err := LogCapability(ctx, l.pool)
+	c, err := LogCapability(ctx, l.pool, l.schema)
 	if err != nil {
 		return err
 	}
@@ -177,7 +178,8 @@ func (l *LogRelay) replicationConfig() *pgconn.Config {
 		c.RuntimeParams = map[string]string{}
 	}
 	c.RuntimeParams["replication"] = "database"
-	c.RuntimeParams["application_name"] = "idem log relay"
+	// pg_stat_replication names the process that reads the slot.
+	c.RuntimeParams["application_name"] = fmt.Sprintf("idem log relay (pid %d)", os.Getpid())
 	// A timed-out read leaves the stream as it was (a cancel request would end it).
 	c.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}

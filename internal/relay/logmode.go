@@ -71,11 +71,15 @@ func identifier(s string) string {
 }
 
 const (
-	// sqlLogCapability: what the log relay needs of the server and the role.
+	// sqlLogCapability: what the log relay needs of the server and the role: to
+	// replicate, to own the outbox ($1, qualified; it sets the relay column's
+	// default), and the publication ($2) or the right to create it.
 	sqlLogCapability = `
 SELECT current_setting('server_version_num')::int, current_setting('wal_level'),
        (SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user),
-       current_setting('max_replication_slots')::int, current_database()`
+       current_setting('max_replication_slots')::int, current_database(),
+       COALESCE((SELECT pg_has_role(c.relowner, 'MEMBER') FROM pg_class c WHERE c.oid = to_regclass($1)), false),
+       EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $2) OR has_database_privilege(current_database(), 'CREATE')`
 
 	sqlPublicationExists = `SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)`
 
@@ -99,12 +103,19 @@ type Capability struct {
 }
 
 // LogCapability tells whether the log relay can run on pool's server as pool's
-// role, and why not.
-func LogCapability(ctx context.Context, pool *pgxpool.Pool) (Capability, error) {
+// role for the outbox of schema, and why not.
+func LogCapability(ctx context.Context, pool *pgxpool.Pool, schema string) (Capability, error) {
 	var version, slots int
 	var walLevel, database string
-	var replicate bool
-	if err := pool.QueryRow(ctx, sqlLogCapability).Scan(&version, &walLevel, &replicate, &slots, &database); err != nil {
+	var replicate, owner, publication bool
+	var db string
+	if err := pool.QueryRow(ctx, sqlDatabase).Scan(&db); err != nil {
+		return Capability{}, fmt.Errorf("relay: read the server's settings: %w", err)
+	}
+	outbox := pgx.Identifier{pgschema.Name(schema), "idem_outbox"}.Sanitize()
+	err := pool.QueryRow(ctx, sqlLogCapability, outbox, NamesFor(db, schema).Publication).
+		Scan(&version, &walLevel, &replicate, &slots, &database, &owner, &publication)
+	if err != nil {
 		return Capability{}, fmt.Errorf("relay: read the server's settings: %w", err)
 	}
 	c := Capability{Mode: ModePoll, Database: database}
@@ -117,6 +128,10 @@ func LogCapability(ctx context.Context, pool *pgxpool.Pool) (Capability, error) 
 		c.Why = "the database role may not replicate (ALTER ROLE ... REPLICATION lets the log relay read a slot)"
 	case slots == 0:
 		c.Why = "max_replication_slots is 0"
+	case !owner:
+		c.Why = "the database role does not own " + outbox + ", whose relay column the log relay sets"
+	case !publication:
+		c.Why = "the database role may not create the log relay's publication (GRANT CREATE ON DATABASE, or create it: docs/OPERATIONS.md, \"The relay\")"
 	default:
 		c.Mode, c.Why = ModeLog, "wal_level is logical and the role may replicate"
 	}

@@ -29,7 +29,7 @@ type Relays struct {
 // runs it until the test ends, returning once it reads its slot.
 func (e *Env) StartRelays(t testing.TB, inst *install.Installation, cfg relay.Config) *Relays {
 	t.Helper()
-	c, err := relay.LogCapability(context.Background(), e.DB.Pool)
+	c, err := relay.LogCapability(context.Background(), e.DB.Pool, e.schema)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func (e *Env) RequireLogRelay(t testing.TB) {
 	if os.Getenv("IDEM_TEST_RELAY") == "poll" {
 		t.Skip("IDEM_TEST_RELAY=poll: the test role may not replicate")
 	}
-	c, err := relay.LogCapability(context.Background(), e.DB.Pool)
+	c, err := relay.LogCapability(context.Background(), e.DB.Pool, e.schema)
 	if err != nil {
 		t.Fatal(err)
 	}
