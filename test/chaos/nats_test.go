@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"syscall"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
