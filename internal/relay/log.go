@@ -132,14 +132,17 @@ func (e errStandby) Error() string {
 // PublishTimeout, on the work context) before Run returns nil.
 func (l *LogRelay) Run(ctx context.Context) error {
 	c, err := LogCapability(ctx, l.pool, l.schema)
+	if err == nil && c.Mode != ModeLog {
+		err = fmt.Errorf("relay: the log relay cannot run: %s", c.Why)
+	}
+	if err == nil {
+		l.names = NamesFor(c.Database, l.schema)
+		err = ensurePublication(ctx, l.pool, l.schema, l.names.Publication)
+	}
+	if ctx.Err() != nil {
+		return nil // stopped before it started
+	}
 	if err != nil {
-		return err
-	}
-	if c.Mode != ModeLog {
-		return fmt.Errorf("relay: the log relay cannot run: %s", c.Why)
-	}
-	l.names = NamesFor(c.Database, l.schema)
-	if err := ensurePublication(ctx, l.pool, l.schema, l.names.Publication); err != nil {
 		return err
 	}
 	l.log = l.log.With("slot", l.names.Slot)
