@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/idemkit/idem/internal/relay"
 )
 
 // LiveHandler answers 200 while the process can answer at all: for a liveness probe
@@ -66,6 +68,9 @@ func (w *Worker) Ready(ctx context.Context) []string {
 		if err := w.keeper.Health(); err != nil {
 			problems = append(problems, err.Error())
 		}
+		if problem := w.slotHealth(ctx); problem != "" {
+			problems = append(problems, problem)
+		}
 		for _, c := range w.consumers {
 			if err := c.Health(); err != nil {
 				problems = append(problems, fmt.Sprintf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated", c.Config().Name, w.inst.Stream().Name))
@@ -73,4 +78,26 @@ func (w *Worker) Ready(ctx context.Context) []string {
 		}
 	}
 	return problems
+}
+
+// slotHealth is what keeps a worker running the log relay from being ready: its
+// slot lost, or holding more WAL than RelayConfig.MaxSlotLag (the relays are that
+// far behind the outbox).
+func (w *Worker) slotHealth(ctx context.Context) string {
+	if w.logRelay == nil {
+		return ""
+	}
+	r, err := relay.ReadState(ctx, w.pool, w.inst.Store(), w.inst.Schema())
+	switch {
+	case err != nil:
+		w.log.WarnContext(ctx, "readiness: reading the relay's slot failed", "err", err)
+		return "relay: its slot cannot be read"
+	case r.Mode != relay.ModeLog:
+		return ""
+	case r.SlotLost:
+		return fmt.Sprintf("relay: slot %s lost WAL it needed (max_slot_wal_keep_size)", r.Slot)
+	case r.SlotLagBytes > w.cfg.Relay.MaxSlotLag:
+		return fmt.Sprintf("relay: slot %s holds %d bytes of WAL, more than Relay.MaxSlotLag %d: the log relay is behind", r.Slot, r.SlotLagBytes, w.cfg.Relay.MaxSlotLag)
+	}
+	return ""
 }

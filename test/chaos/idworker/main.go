@@ -110,6 +110,7 @@ func run(args []string) error {
 	maxDeliver := fs.Int("max-deliver", 0, "the consumers' MaxDeliver (0: the default)")
 	backoff := fs.Duration("backoff", 0, "a fixed redelivery delay after a failed attempt (0: the default backoff)")
 	reconcileAfter := fs.String("reconcile-after", "1s", "the reconciler's After (off: no reconciler)")
+	relayMode := fs.String("relay", "", "the relay: log, poll, or empty for log where it can run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -143,6 +144,7 @@ func run(args []string) error {
 		return err
 	}
 	cfg := worker.Config{
+		Relay:            worker.RelayConfig{Mode: *relayMode},
 		DisableRelay:     !strings.Contains(*roles, "relay"),
 		DisableRetention: true, // the tests forget keys with SQL, as the collector would
 	}
