@@ -45,13 +45,17 @@ func NewMiddleware(inst *install.Installation, cfg Config) (message.HandlerMiddl
 //
 // For each message: the key comes from the metadata "Idempotency-Key"; a missing
 // or malformed key is a permanent error and the handler is not called. The key is
-// claimed with the payload in a new transaction (dedupe.Inbox.Claim). A duplicate
+// claimed with the payload in a new transaction (dedupe.Inbox.Claim, a look-up). A duplicate
 // (same key, same payload) is acked without calling the handler and produces no
 // messages; the same key with another payload is a permanent error wrapping
 // ErrFingerprintMismatch. A fresh key runs the handler with the transaction in
 // msg.Context() (see TxFromContext): a handler error rolls the claim back and is
-// returned unchanged, so the redelivery runs again; success commits the claim with
-// the handler's writes and returns the handler's messages.
+// returned unchanged, so the redelivery runs again; success settles the key
+// (dedupe.Inbox.Settle, its one row) and commits it with the handler's writes, and
+// returns the handler's messages. A copy of the message that another transaction
+// settled meanwhile makes the settlement fail (dedupe.ErrSettleConflict): the
+// handler's writes roll back and the error is returned, so the router's redelivery
+// is folded as a duplicate.
 func Middleware(inst *install.Installation, cfg Config) message.HandlerMiddleware {
 	m, err := NewMiddleware(inst, cfg)
 	if err != nil {
@@ -104,11 +108,10 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 	// cancelled, so the connection goes back to the pool clean.
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 
-	// The one claim → look-up → fingerprint comparison, shared with idem's own
-	// consumer. A key whose concurrent first claim rolled back between the two
-	// steps is an error here: the router nacks and the redelivery claims it afresh.
-	verdicts, err := in.inbox.Claim(ctx, tx, in.cfg.Consumer,
-		[]dedupe.Claim{{Key: id.Key, Message: id.Message, Payload: msg.Payload}}, in.cfg.KeyLifetime)
+	// The one claim (look-up, fingerprint comparison) and settlement, shared with
+	// idem's own consumer.
+	claim := dedupe.Claim{Key: id.Key, Message: id.Message, Payload: msg.Payload}
+	verdicts, err := in.inbox.Claim(ctx, tx, in.cfg.Consumer, []dedupe.Claim{claim})
 	if err != nil {
 		return nil, fmt.Errorf("idemwatermill: %w", err)
 	}
@@ -143,6 +146,13 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 			return nil, err
 		}
 		produced = nil
+	}
+	// The delivery's one inbox row, with the handler's writes. A copy of the
+	// message that another transaction settled meanwhile fails it
+	// (dedupe.ErrSettleConflict): this one rolls back and the redelivery is folded.
+	if err := in.inbox.Settle(ctx, tx, in.cfg.Consumer, []dedupe.Settlement{{Claim: claim}}, in.cfg.KeyLifetime); err != nil {
+		log.DebugContext(ctx, "a concurrent copy settled first; rolled back", "err", err)
+		return nil, fmt.Errorf("idemwatermill: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("idemwatermill: commit: %w", err)
