@@ -42,7 +42,7 @@
 //     handler's own writes: there is no moment at which one exists without the
 //     other. Of two copies handled at the same moment, both may run the handler;
 //     only one commits, the other's settlement fails and rolls back its writes, and
-//     its redelivery is folded.
+//     the middleware claims it again and folds it as a duplicate.
 //
 // The middleware takes the service's *install.Installation, which names the pool,
 // the schema of idem's tables and the stream: it needs no NATS connection of its

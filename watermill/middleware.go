@@ -52,10 +52,10 @@ func NewMiddleware(inst *install.Installation, cfg Config) (message.HandlerMiddl
 // msg.Context() (see TxFromContext): a handler error rolls the claim back and is
 // returned unchanged, so the redelivery runs again; success settles the key
 // (dedupe.Inbox.Settle, its one row) and commits it with the handler's writes, and
-// returns the handler's messages. A copy of the message that another transaction
-// settled meanwhile makes the settlement fail (dedupe.ErrSettleConflict): the
-// handler's writes roll back and the error is returned, so the router's redelivery
-// is folded as a duplicate.
+// returns the handler's messages. Of copies of one message handled at the same
+// moment, each may run the handler, and one commits: the others' settlements fail
+// (dedupe.ErrSettleConflict), their writes roll back, and each is claimed again
+// and folded as a duplicate.
 func Middleware(inst *install.Installation, cfg Config) message.HandlerMiddleware {
 	m, err := NewMiddleware(inst, cfg)
 	if err != nil {
@@ -99,7 +99,25 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 		log.WarnContext(ctx, "message rejected", "err", err)
 		return nil, fmt.Errorf("idemwatermill: message %s: %w", msg.UUID, err)
 	}
+	// A copy of the message that another transaction settled while this one ran
+	// its handler rolls this one back (dedupe.ErrSettleConflict); the next turn's
+	// claim finds it settled. Each conflict is another transaction's commit, so a
+	// second turn almost always settles it.
+	for turn := 1; ; turn++ {
+		produced, err := in.once(next, msg, log, key, id)
+		if !errors.Is(err, dedupe.ErrSettleConflict) || turn == settleTurns {
+			return produced, err
+		}
+		log.DebugContext(ctx, "a concurrent copy settled first; rolled back, claiming again", "err", err)
+	}
+}
 
+// settleTurns bounds how often handle claims a message again after a conflict.
+const settleTurns = 3
+
+// once is one transaction: claim, handler, settlement, commit.
+func (in *inbox) once(next message.HandlerFunc, msg *message.Message, log *slog.Logger, key string, id dedupe.ID) ([]*message.Message, error) {
+	ctx := msg.Context()
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("idemwatermill: begin: %w", err)
@@ -147,11 +165,8 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 		}
 		produced = nil
 	}
-	// The delivery's one inbox row, with the handler's writes. A copy of the
-	// message that another transaction settled meanwhile fails it
-	// (dedupe.ErrSettleConflict): this one rolls back and the redelivery is folded.
+	// The delivery's one inbox row, with the handler's writes.
 	if err := in.inbox.Settle(ctx, tx, in.cfg.Consumer, []dedupe.Settlement{{Claim: claim}}, in.cfg.KeyLifetime); err != nil {
-		log.DebugContext(ctx, "a concurrent copy settled first; rolled back", "err", err)
 		return nil, fmt.Errorf("idemwatermill: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
