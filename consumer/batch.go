@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/otelmsg"
 )
 
 var (
@@ -75,6 +76,10 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 			return
 		case errors.Is(err, errStopping):
 			return // handed back by whileDatabaseDown
+		case errors.Is(err, dedupe.ErrSettleConflict):
+			// A copy processed at the same moment committed first, and this
+			// transaction rolled back. Run again now: the claim finds it settled.
+			c.log.DebugContext(ctx, "a concurrent copy settled first; running the batch again", "err", err, "messages", len(ds))
 		case errors.As(err, &fa):
 			c.handlerFailed(ctx, ds[fa.index], fa.err)
 			ds = append(ds[:fa.index:fa.index], ds[fa.index+1:]...)
@@ -98,13 +103,35 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 // handlerFailed charges a handler's failure to its message in Postgres and retries
 // or dead-letters it by that count. A database that cannot record the charge does
 // not stop the retry: the message comes back after its backoff, uncharged.
+//
+// A delivery that a concurrent copy settled meanwhile is folded instead: its
+// handler may have failed only because of that copy (a unique key of its own
+// taken by the copy's effect, a row the copy changed).
 func (c *Consumer) handlerFailed(ctx context.Context, d *Delivery, err error) {
+	if c.settledMeanwhile(ctx, d) {
+		c.log.DebugContext(ctx, "handler failed on a delivery a concurrent copy settled; folded", "key", d.Key, "err", err)
+		otelmsg.Fail(d.span, err)
+		c.ack(ctx, d)
+		c.observe(idem.OutcomeDuplicate, 1, 0)
+		return
+	}
 	n, rerr := c.attempts.fail(ctx, c.idOf(d), err)
 	if rerr != nil {
 		c.log.WarnContext(ctx, "handler failure not recorded; retrying uncharged", "key", d.Key, "err", rerr)
 		n = 1
 	}
 	c.fail(ctx, d, n, err)
+}
+
+// settledMeanwhile reports whether the inbox holds d as settled with its payload
+// (a failed look-up says no: the failure is charged as usual).
+func (c *Consumer) settledMeanwhile(ctx context.Context, d *Delivery) bool {
+	if faults.From(ctx).On(faults.SkipInboxClaim) {
+		return false
+	}
+	id := c.idOf(d)
+	v, err := c.inbox.Check(ctx, c.pool, c.cfg.Name, []dedupe.Claim{{Key: id.Key, Message: id.Message, Payload: d.Payload}})
+	return err == nil && v[id] == dedupe.Duplicate
 }
 
 // batchResult is what a committed batch leaves to settle.
@@ -116,9 +143,11 @@ type batchResult struct {
 	committed  time.Time
 }
 
-// runBatch is the transaction: claim, run the new, store results, commit. Its error
-// is a failedAt or errHandler for a handler's failure, errAbandoned for the fault
-// point after commit, and anything else for the database's (retried in place).
+// runBatch is the transaction: claim (look up), run the new, settle them (one row
+// each, with its result), commit. Its error is a failedAt or errHandler for a
+// handler's failure, errAbandoned for the fault point after commit,
+// dedupe.ErrSettleConflict when a concurrent copy settled a delivery first, and
+// anything else for the database's (retried in place).
 func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*Delivery]int) (batchResult, error) {
 	res := batchResult{poison: map[*Delivery]string{}}
 	fs := faults.From(ctx)
@@ -162,7 +191,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 		for _, cl := range claims {
 			verdicts[cl.ID()] = dedupe.Fresh // the negative control: no claim at all
 		}
-	} else if verdicts, err = c.inbox.Claim(ctx, tx, c.cfg.Name, claims, c.cfg.KeyLifetime); err != nil {
+	} else if verdicts, err = c.inbox.Claim(ctx, tx, c.cfg.Name, claims); err != nil {
 		return res, err
 	}
 	checked, err := c.inbox.Check(ctx, tx, c.cfg.Name, checks)
@@ -210,11 +239,12 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 			return res, fmt.Errorf("%w: returned %d results for %d deliveries", errHandler, len(results), len(fresh))
 		}
 		if !fs.On(faults.SkipInboxClaim) {
-			byID := make(map[dedupe.ID][]byte, len(fresh))
+			done := make([]dedupe.Settlement, len(fresh))
 			for i, d := range fresh {
-				byID[c.idOf(d)] = results[i]
+				id := c.idOf(d)
+				done[i] = dedupe.Settlement{Claim: dedupe.Claim{Key: id.Key, Message: id.Message, Payload: d.Payload}, Result: results[i]}
 			}
-			if err := c.inbox.SetResults(ctx, tx, c.cfg.Name, byID); err != nil {
+			if err := c.inbox.Settle(ctx, tx, c.cfg.Name, done, c.cfg.KeyLifetime); err != nil {
 				return res, err
 			}
 		}
