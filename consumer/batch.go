@@ -41,8 +41,17 @@ func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 			first = append(first, d)
 		}
 	}
+	// A copy of a delivery whose payload differs from an earlier copy's in the
+	// batch waits for that one's transaction, then runs alone: judged against
+	// what the inbox holds by then, it is the duplicate or the changed payload it
+	// is, whichever copy came first (a redelivery of a settled message beside a
+	// changed payload under its key must not be dead-lettered as the change).
+	first, later := c.apartFromChangedCopies(first)
 	if len(first) > 0 {
 		c.runTransactions(ctx, first, nil)
+	}
+	for _, d := range later {
+		c.runTransactions(ctx, []*Delivery{d}, nil)
 	}
 	for _, d := range again {
 		var n int
@@ -55,6 +64,24 @@ func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 		}
 		c.runTransactions(ctx, []*Delivery{d}, map[*Delivery]int{d: n})
 	}
+}
+
+// apartFromChangedCopies splits ds into the deliveries that run together and the
+// later copies of a delivery with another payload than its first copy in ds.
+func (c *Consumer) apartFromChangedCopies(ds []*Delivery) (together, later []*Delivery) {
+	seen := make(map[dedupe.ID][]byte, len(ds))
+	for _, d := range ds {
+		id := c.idOf(d)
+		if p, ok := seen[id]; ok && !bytes.Equal(p, d.Payload) {
+			later = append(later, d)
+			continue
+		}
+		if _, ok := seen[id]; !ok {
+			seen[id] = d.Payload
+		}
+		together = append(together, d)
+	}
+	return together, later
 }
 
 // runTransactions runs ds as one transaction. A delivery whose handler fails is
