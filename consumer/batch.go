@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/otelmsg"
 )
 
 var (
@@ -40,8 +41,17 @@ func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 			first = append(first, d)
 		}
 	}
+	// A copy of a delivery whose payload differs from an earlier copy's in the
+	// batch waits for that one's transaction, then runs alone: judged against
+	// what the inbox holds by then, it is the duplicate or the changed payload it
+	// is, whichever copy came first (a redelivery of a settled message beside a
+	// changed payload under its key must not be dead-lettered as the change).
+	first, later := c.apartFromChangedCopies(first)
 	if len(first) > 0 {
 		c.runTransactions(ctx, first, nil)
+	}
+	for _, d := range later {
+		c.runTransactions(ctx, []*Delivery{d}, nil)
 	}
 	for _, d := range again {
 		var n int
@@ -54,6 +64,24 @@ func (c *Consumer) runBatches(ctx context.Context, ds []*Delivery) {
 		}
 		c.runTransactions(ctx, []*Delivery{d}, map[*Delivery]int{d: n})
 	}
+}
+
+// apartFromChangedCopies splits ds into the deliveries that run together and the
+// later copies of a delivery with another payload than its first copy in ds.
+func (c *Consumer) apartFromChangedCopies(ds []*Delivery) (together, later []*Delivery) {
+	seen := make(map[dedupe.ID][]byte, len(ds))
+	for _, d := range ds {
+		id := c.idOf(d)
+		if p, ok := seen[id]; ok && !bytes.Equal(p, d.Payload) {
+			later = append(later, d)
+			continue
+		}
+		if _, ok := seen[id]; !ok {
+			seen[id] = d.Payload
+		}
+		together = append(together, d)
+	}
+	return together, later
 }
 
 // runTransactions runs ds as one transaction. A delivery whose handler fails is
@@ -75,6 +103,10 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 			return
 		case errors.Is(err, errStopping):
 			return // handed back by whileDatabaseDown
+		case errors.Is(err, dedupe.ErrSettleConflict):
+			// A copy processed at the same moment committed first, and this
+			// transaction rolled back. Run again now: the claim finds it settled.
+			c.log.DebugContext(ctx, "a concurrent copy settled first; running the batch again", "err", err, "messages", len(ds))
 		case errors.As(err, &fa):
 			c.handlerFailed(ctx, ds[fa.index], fa.err)
 			ds = append(ds[:fa.index:fa.index], ds[fa.index+1:]...)
@@ -98,13 +130,35 @@ func (c *Consumer) runTransactions(ctx context.Context, ds []*Delivery, attempt 
 // handlerFailed charges a handler's failure to its message in Postgres and retries
 // or dead-letters it by that count. A database that cannot record the charge does
 // not stop the retry: the message comes back after its backoff, uncharged.
+//
+// A delivery that a concurrent copy settled meanwhile is folded instead: its
+// handler may have failed only because of that copy (a unique key of its own
+// taken by the copy's effect, a row the copy changed).
 func (c *Consumer) handlerFailed(ctx context.Context, d *Delivery, err error) {
+	if c.settledMeanwhile(ctx, d) {
+		c.log.DebugContext(ctx, "handler failed on a delivery a concurrent copy settled; folded", "key", d.Key, "err", err)
+		otelmsg.Fail(d.span, err)
+		c.ack(ctx, d)
+		c.observe(idem.OutcomeDuplicate, 1, 0)
+		return
+	}
 	n, rerr := c.attempts.fail(ctx, c.idOf(d), err)
 	if rerr != nil {
 		c.log.WarnContext(ctx, "handler failure not recorded; retrying uncharged", "key", d.Key, "err", rerr)
 		n = 1
 	}
 	c.fail(ctx, d, n, err)
+}
+
+// settledMeanwhile reports whether the inbox holds d as settled with its payload
+// (a failed look-up says no: the failure is charged as usual).
+func (c *Consumer) settledMeanwhile(ctx context.Context, d *Delivery) bool {
+	if faults.From(ctx).On(faults.SkipInboxClaim) {
+		return false
+	}
+	id := c.idOf(d)
+	v, err := c.inbox.Check(ctx, c.pool, c.cfg.Name, []dedupe.Claim{{Key: id.Key, Message: id.Message, Payload: d.Payload}})
+	return err == nil && v[id] == dedupe.Duplicate
 }
 
 // batchResult is what a committed batch leaves to settle.
@@ -116,9 +170,11 @@ type batchResult struct {
 	committed  time.Time
 }
 
-// runBatch is the transaction: claim, run the new, store results, commit. Its error
-// is a failedAt or errHandler for a handler's failure, errAbandoned for the fault
-// point after commit, and anything else for the database's (retried in place).
+// runBatch is the transaction: claim (look up), run the new, settle them (one row
+// each, with its result), commit. Its error is a failedAt or errHandler for a
+// handler's failure, errAbandoned for the fault point after commit,
+// dedupe.ErrSettleConflict when a concurrent copy settled a delivery first, and
+// anything else for the database's (retried in place).
 func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*Delivery]int) (batchResult, error) {
 	res := batchResult{poison: map[*Delivery]string{}}
 	fs := faults.From(ctx)
@@ -162,7 +218,7 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 		for _, cl := range claims {
 			verdicts[cl.ID()] = dedupe.Fresh // the negative control: no claim at all
 		}
-	} else if verdicts, err = c.inbox.Claim(ctx, tx, c.cfg.Name, claims, c.cfg.KeyLifetime); err != nil {
+	} else if verdicts, err = c.inbox.Claim(ctx, tx, c.cfg.Name, claims); err != nil {
 		return res, err
 	}
 	checked, err := c.inbox.Check(ctx, tx, c.cfg.Name, checks)
@@ -210,11 +266,12 @@ func (c *Consumer) runBatch(ctx context.Context, ds []*Delivery, attempt map[*De
 			return res, fmt.Errorf("%w: returned %d results for %d deliveries", errHandler, len(results), len(fresh))
 		}
 		if !fs.On(faults.SkipInboxClaim) {
-			byID := make(map[dedupe.ID][]byte, len(fresh))
+			done := make([]dedupe.Settlement, len(fresh))
 			for i, d := range fresh {
-				byID[c.idOf(d)] = results[i]
+				id := c.idOf(d)
+				done[i] = dedupe.Settlement{Claim: dedupe.Claim{Key: id.Key, Message: id.Message, Payload: d.Payload}, Result: results[i]}
 			}
-			if err := c.inbox.SetResults(ctx, tx, c.cfg.Name, byID); err != nil {
+			if err := c.inbox.Settle(ctx, tx, c.cfg.Name, done, c.cfg.KeyLifetime); err != nil {
 				return res, err
 			}
 		}

@@ -21,16 +21,25 @@
 // inside the Postgres transaction that claims the keys:
 //
 //	BEGIN
-//	  INSERT INTO idem_inbox ... ON CONFLICT DO NOTHING   -- claim the batch's keys
-//	  handler(ctx, tx, deliveries of the new keys)        -- the effect, in tx
-//	  UPDATE idem_inbox SET result = ...                  -- remember the first results
+//	  SELECT ... FROM idem_inbox                    -- claim: which deliveries are new
+//	  handler(ctx, tx, deliveries of the new keys)  -- the effect, in tx
+//	  INSERT INTO idem_inbox ...                    -- one finished row per new delivery, with its result
 //	COMMIT
 //	ack every delivery
 //
-// The claim and the effect commit together, so there is no moment in which one
+// The inbox row and the effect commit together, so there is no moment in which one
 // exists without the other: a crash before COMMIT loses both and the redelivery
 // runs the effect; a crash after COMMIT (before the ack) keeps both and the
-// redelivery is folded. Exactly once, by construction.
+// redelivery is folded. Exactly once, by construction. Two copies of a delivery in
+// two batches at the same moment may both run the handler; the inbox's primary key
+// lets one commit, and the other batch rolls back and runs again, folding the copy
+// (package dedupe). A handler's effect may thus run in a transaction that rolls
+// back, as it may when a batch-mate fails: everything it does must go through tx.
+//
+// Messages that arrive one by one share a transaction: a batch that is not full
+// waits for more, up to 2ms after its first message arrived (never longer, and
+// not at all once BatchSize messages are there or the consumer is stopping), so
+// that at a moderate rate a commit carries several messages instead of one.
 //
 // A handler error (or panic) rolls the batch back; the failing delivery is taken out
 // and retried after Backoff, and the rest of the batch runs again without it. Past

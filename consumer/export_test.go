@@ -3,5 +3,5 @@ package consumer
 import "time"
 
 // SetLinger makes c's batches wait up to d for more messages after their first
-// one, so that a test can gather a batch.
+// one arrived (d < 0: not at all), so that a test can gather a batch.
 func SetLinger(c *Config, d time.Duration) { c.linger = d }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/idemkit/idem/dedupe"
 )
 
 // errStopping: the consumer is shutting down while the database is down; the
@@ -41,5 +43,6 @@ func (c *Consumer) whileDatabaseDown(ctx context.Context, ds []*Delivery, op fun
 // a fault point's.
 func databaseFailure(err error) bool {
 	var fa failedAt
-	return !errors.As(err, &fa) && !errors.Is(err, errHandler) && !errors.Is(err, errAbandoned) && !errors.Is(err, errStopping)
+	return !errors.As(err, &fa) && !errors.Is(err, errHandler) && !errors.Is(err, errAbandoned) && !errors.Is(err, errStopping) &&
+		!errors.Is(err, dedupe.ErrSettleConflict)
 }

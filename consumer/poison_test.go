@@ -203,3 +203,34 @@ func TestDataTheDatabaseRefusesIsDeadLetteredAtOnce(t *testing.T) {
 		t.Errorf("dead letters naming the data error = %d, want 1", n)
 	}
 }
+
+// A changed payload under a settled key and a copy of the settled message, met in
+// one batch with the change first: the copy is the duplicate it is, and only the
+// change is dead-lettered. (Judged against the batch's first copy instead of the
+// inbox, the copy would be dead-lettered as a change too.)
+func TestCopyBesideAChangedPayloadInOneBatchIsADuplicate(t *testing.T) {
+	b := setup(t)
+	cfg := b.config()
+	stop := b.start(t, cfg)
+	first, changed := payload(1), payload(2)
+	b.env.Publish(t, testenv.Subject, "k-1", "m-1", first)
+	testenv.Eventually(t, 30*time.Second, "k-1 settled", func() bool { return b.env.Effects(t, "k-1") == 1 })
+	stop()
+	// Both wait in the stream for the consumer's next start, the change first.
+	b.env.Publish(t, testenv.Subject, "k-1", "m-1-changed", changed)
+	b.env.Publish(t, testenv.Subject, "k-1", "m-1-copy", first)
+	b.start(t, cfg)
+	drained := b.env.Drained(t, effectName)
+	testenv.Eventually(t, 30*time.Second, "both settled", func() bool {
+		return b.out.Get(idem.OutcomeDuplicate)+b.out.Get(idem.OutcomeDeadLettered) >= 2 && drained()
+	})
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-1' AND payload = $1 AND reason LIKE 'fingerprint mismatch%'`, changed); n != 1 {
+		t.Errorf("dead letters of the change = %d, want 1", n)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE key = 'k-1' AND payload = $1`, first); n != 0 {
+		t.Errorf("dead letters of the settled message's copy = %d, want 0: it is a duplicate", n)
+	}
+	if n := b.env.Effects(t, "k-1"); n != 1 {
+		t.Errorf("effects of k-1 = %d, want 1", n)
+	}
+}

@@ -14,17 +14,29 @@ import (
 // in-progress heartbeats too (while the database is down every worker is holding
 // its batch, and a queued message would otherwise outlive its AckWait and come
 // back as a charged redelivery).
+//
+// One taker at a time gathers a batch (gathering holds a token): a message that
+// arrives while a batch waits for more joins that batch, instead of going to
+// another idle worker as a batch of its own.
 type queue struct {
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced at every change: a broadcast that select can wait on
-	msgs     []jetstream.Msg
+	msgs     []queued
 	bytes    int64
 	maxMsgs  int
 	maxBytes int64
+
+	gathering chan struct{} // the token of the taker gathering a batch (capacity 1)
+}
+
+// queued is a message and when it arrived.
+type queued struct {
+	msg     jetstream.Msg
+	arrived time.Time
 }
 
 func newQueue(maxMsgs int, maxBytes int64) *queue {
-	return &queue{changed: make(chan struct{}), maxMsgs: maxMsgs, maxBytes: maxBytes}
+	return &queue{changed: make(chan struct{}), maxMsgs: maxMsgs, maxBytes: maxBytes, gathering: make(chan struct{}, 1)}
 }
 
 // signal wakes every waiter; the caller holds mu.
@@ -48,7 +60,7 @@ func (q *queue) push(ctx context.Context, m jetstream.Msg) bool {
 		}
 		q.mu.Lock()
 	}
-	q.msgs = append(q.msgs, m)
+	q.msgs = append(q.msgs, queued{msg: m, arrived: time.Now()})
 	q.bytes += size
 	q.signal()
 	q.mu.Unlock()
@@ -56,21 +68,34 @@ func (q *queue) push(ctx context.Context, m jetstream.Msg) bool {
 }
 
 // take waits for at least one message, then takes up to maxMsgs of those queued,
-// and at most maxBytes of them (always at least one), waiting up to linger for more
-// when the first did not fill the batch. ok is false once ctx is done and nothing
-// was taken.
+// and at most maxBytes of them (always at least one). A batch that is not full
+// waits for more until linger has passed since its first message arrived: a batch
+// that fills, or a first message that has waited that long already, goes at once.
+// ok is false once ctx is done and nothing was taken; a batch being gathered when
+// ctx ends is returned at once.
 func (q *queue) take(ctx context.Context, maxMsgs int, maxBytes int64, linger time.Duration) (batch []jetstream.Msg, ok bool) {
+	select {
+	case q.gathering <- struct{}{}:
+		defer func() { <-q.gathering }()
+	case <-ctx.Done():
+		return nil, false
+	}
 	var lingerDone <-chan time.Time
+	var first time.Time // when the batch's first message arrived
 	var bytes int64
 	for {
 		q.mu.Lock()
 		for len(q.msgs) > 0 && len(batch) < maxMsgs {
-			size := msgSize(q.msgs[0])
+			m := q.msgs[0]
+			size := msgSize(m.msg)
 			if len(batch) > 0 && bytes+size > maxBytes {
 				break
 			}
-			batch = append(batch, q.msgs[0])
-			q.msgs[0] = nil
+			if len(batch) == 0 {
+				first = m.arrived
+			}
+			batch = append(batch, m.msg)
+			q.msgs[0] = queued{}
 			q.msgs = q.msgs[1:]
 			q.bytes -= size
 			bytes += size
@@ -85,7 +110,11 @@ func (q *queue) take(ctx context.Context, maxMsgs int, maxBytes int64, linger ti
 		case full, len(batch) > 0 && linger <= 0:
 			return batch, true
 		case len(batch) > 0 && lingerDone == nil:
-			t := time.NewTimer(linger)
+			left := linger - time.Since(first)
+			if left <= 0 {
+				return batch, true
+			}
+			t := time.NewTimer(left)
 			defer t.Stop()
 			lingerDone = t.C
 		}
@@ -104,7 +133,7 @@ func (q *queue) each(f func(jetstream.Msg)) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, m := range q.msgs {
-		f(m)
+		f(m.msg)
 	}
 }
 
@@ -112,7 +141,10 @@ func (q *queue) each(f func(jetstream.Msg)) {
 func (q *queue) drain() []jetstream.Msg {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := q.msgs
+	out := make([]jetstream.Msg, len(q.msgs))
+	for i, m := range q.msgs {
+		out[i] = m.msg
+	}
 	q.msgs, q.bytes = nil, 0
 	q.signal()
 	return out

@@ -14,7 +14,8 @@ import (
 )
 
 // BenchmarkClaim is the inbox's hot path: one transaction that claims a batch of
-// new keys and commits, as an in-transaction consumer does per batch. ns/op is per
+// new deliveries, settles them and commits, as an in-transaction consumer does per
+// batch around its effect. ns/op is per
 // batch; keys/s is the rate. Real Postgres at its shipped durability.
 func BenchmarkClaim(b *testing.B) {
 	for _, batch := range []int{1, 250} {
@@ -28,14 +29,18 @@ func BenchmarkClaim(b *testing.B) {
 			ctx := context.Background()
 			payload := []byte(`{"amount_cents":100}`)
 			claims := make([]dedupe.Claim, batch)
+			done := make([]dedupe.Settlement, batch)
 			b.ResetTimer()
 			for i := range b.N {
 				for j := range claims {
 					claims[j] = dedupe.Claim{Key: fmt.Sprintf("k-%d-%d", i, j), Message: "bench.claim", Payload: payload}
+					done[j] = dedupe.Settlement{Claim: claims[j]}
 				}
 				err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-					_, err := in.Claim(ctx, tx, "bench", claims, time.Hour)
-					return err
+					if _, err := in.Claim(ctx, tx, "bench", claims); err != nil {
+						return err
+					}
+					return in.Settle(ctx, tx, "bench", done, time.Hour)
 				})
 				if err != nil {
 					b.Fatal(err)

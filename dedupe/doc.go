@@ -8,32 +8,44 @@
 //
 // # How a message is folded
 //
-// A consumer processes a message inside one Postgres transaction that first claims
-// the delivery:
+// A consumer processes a message inside one Postgres transaction that claims the
+// delivery, runs the effect and settles the delivery:
 //
-//	INSERT INTO idem_inbox (consumer, key, message, fingerprint, ...) ... ON CONFLICT DO NOTHING RETURNING key, message
+//	BEGIN
+//	Inbox.Claim    look the delivery up: Fresh, Duplicate or Mismatch      (writes nothing)
+//	               ... the effect, in the same transaction, if Fresh ...
+//	Inbox.Settle   INSERT the delivery's one row: done, fingerprint, result
+//	COMMIT
 //
-// A key that comes back is new: the handler runs in the same transaction and its
-// result is stored on the row. A key that does not come back was claimed before — by
-// an earlier delivery that committed, or by a concurrent one that commits first (the
-// insert waits on the other transaction's uncommitted index entry, so two workers can
-// never both see "new"). That delivery is a duplicate: the stored first result is
-// returned and no effect runs. Because the claim and the effect commit together,
-// there is no window in which one exists without the other: a crash before COMMIT
-// loses both, and the redelivery runs the effect; a crash after COMMIT keeps both,
-// and the redelivery is folded.
+// A delivery the inbox knows is a duplicate: the stored first result is returned
+// and no effect runs. A fresh one runs its effect, and its row is written once,
+// finished, in the effect's transaction. Because the row and the effect commit
+// together, there is no window in which one exists without the other: a crash
+// before COMMIT loses both, and the redelivery runs the effect; a crash after
+// COMMIT keeps both, and the redelivery is folded.
+//
+// Two copies of one delivery processed at the same moment both find it fresh and
+// both run the effect, each in its own transaction; the primary key lets only one
+// of them commit. The second one's Settle waits for the first transaction and, if
+// it committed, fails with ErrSettleConflict: the second rolls back, effect and
+// all, and runs again, finding the delivery a duplicate. (A handler's effect may
+// run in a transaction that rolls back for other reasons too: a batch-mate that
+// fails, a crash.) A partitioned inbox, whose primary key cannot make a delivery
+// unique (package partition), serialises the copies with a per-key advisory lock
+// taken by Claim instead: the second waits in Claim and finds the delivery settled.
 //
 // # Fingerprints
 //
-// Each claim stores a fingerprint (SHA-256) of the payload. A later message with the
+// Each row stores a fingerprint (SHA-256) of the payload. A later message with the
 // same key and a different payload is not a retry but a producer bug; Claim judges it
 // a Mismatch so the consumer can dead-letter it instead of merging it silently.
 //
 // # Batches
 //
-// Inbox.Claim claims many keys in one statement and judges each one Fresh, Duplicate
-// or Mismatch. Keys are claimed in sorted order so two workers claiming overlapping
-// batches wait on each other in the same order and cannot deadlock.
+// Inbox.Claim judges many deliveries in one statement and Inbox.Settle writes many
+// in one statement. Deliveries are settled (and locked, on a partitioned inbox) in
+// sorted order, so two workers with overlapping batches wait on each other in the
+// same order and cannot deadlock.
 //
 // # External effects
 //

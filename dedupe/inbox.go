@@ -140,94 +140,55 @@ func (v Verdict) String() string {
 	return fmt.Sprintf("Verdict(%d)", int(v))
 }
 
-// Claim claims deliveries for consumer inside tx and judges each: Fresh, Duplicate
-// or Mismatch. Claims must not repeat a delivery (fold repeats inside a batch
-// first), and must name their message.
+// Claim judges deliveries for consumer inside tx, before their effect runs:
+// Fresh, Duplicate or Mismatch. Claims must not repeat a delivery (fold repeats
+// inside a batch first), and must name their message.
 //
-// A fresh delivery's row is stored as done with a nil result, so the caller's
-// effect and the claim commit together or not at all; SetResults fills results in.
-// Deliveries are claimed in sorted order so that two workers claiming overlapping
-// batches wait on each other in the same order and cannot deadlock. A delivery
-// claimed concurrently by an uncommitted transaction makes this one wait for it:
-// exactly one of them sees it fresh.
-func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim, lifetime time.Duration) (map[ID]Verdict, error) {
+// Claim writes nothing. A Fresh delivery is recorded only by Settle, in the same
+// transaction after its effect: the effect and the delivery's one row commit
+// together or not at all. A transaction that commits a Fresh delivery's effect
+// without settling it leaves the delivery unknown, and its next copy runs again.
+//
+// Two transactions may both find a delivery Fresh when they claim it at the same
+// moment; Settle then lets exactly one of them commit it (see ErrSettleConflict).
+// On a partitioned inbox Claim takes the deliveries' key locks instead, held to
+// the end of tx, so a concurrent copy waits in its Claim and then finds the
+// delivery settled.
+func (in *Inbox) Claim(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim) (map[ID]Verdict, error) {
 	out := make(map[ID]Verdict, len(claims))
 	if len(claims) == 0 {
 		return out, nil
 	}
-	if lifetime <= 0 {
-		lifetime = DefaultLifetime
-	}
-	sorted := slices.Clone(claims)
-	slices.SortFunc(sorted, func(a, b Claim) int {
-		if c := strings.Compare(a.Key, b.Key); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Message, b.Message)
-	})
-	keys := make([]string, len(sorted))
-	messages := make([]string, len(sorted))
-	fps := make([][]byte, len(sorted))
-	for i, c := range sorted {
-		if c.Message == "" {
-			return nil, fmt.Errorf("dedupe: claim: key %q names no message", c.Key)
-		}
-		keys[i], messages[i], fps[i] = c.Key, c.Message, fingerprint(c.Payload)
+	sorted := sortedDeliveries(claims, func(c Claim) ID { return c.ID() })
+	if err := checkDeliveries(sorted, func(c Claim) ID { return c.ID() }); err != nil {
+		return nil, fmt.Errorf("dedupe: claim: %w", err)
 	}
 	partitioned, err := in.partitioned(ctx, tx)
 	if err != nil {
 		return nil, err
 	}
-	var claimed []ID
+	var recs map[ID]Record
 	if partitioned {
-		claimed, err = in.claimPartitioned(ctx, tx, consumer, keys, messages, fps, lifetime)
+		recs, err = in.lookupLocked(ctx, tx, consumer, sorted)
 	} else {
-		var rows pgx.Rows
-		if rows, err = tx.Query(ctx, in.q.Claim, consumer, keys, messages, fps, lifetime); err == nil {
-			claimed, err = pgx.CollectRows(rows, scanID)
-		}
-		in.relearnLayout(err)
+		recs, err = in.Lookup(ctx, tx, consumer, idsOf(sorted))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: claim: %w", err)
 	}
-	for _, id := range claimed {
-		out[id] = Fresh
-	}
-	var seen []Claim
 	for _, c := range sorted {
-		if out[c.ID()] != Fresh {
-			seen = append(seen, c)
-		}
-	}
-	judged, err := in.Check(ctx, tx, consumer, seen)
-	if err != nil {
-		return nil, err
-	}
-	for _, c := range seen {
-		v := judged[c.ID()]
-		if v == Absent {
-			// Claimed concurrently and then rolled back between our claim and our
-			// look-up. The caller rolls back and the delivery is retried.
-			return nil, fmt.Errorf("dedupe: claim: key %q, message %q vanished between claim and look-up", c.Key, c.Message)
-		}
-		out[c.ID()] = v
+		out[c.ID()] = judge(recs, c)
 	}
 	return out, nil
 }
 
-func scanID(row pgx.CollectableRow) (ID, error) {
-	var id ID
-	err := row.Scan(&id.Key, &id.Message)
-	return id, err
-}
-
-// claimPartitioned claims deliveries in a partitioned inbox: the keys' advisory
-// locks, then the insert of the deliveries no partition has, in one round trip.
-func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer string, keys, messages []string, fps [][]byte, lifetime time.Duration) ([]ID, error) {
+// lookupLocked takes the keys' advisory locks and then looks the deliveries up,
+// in one round trip.
+func (in *Inbox) lookupLocked(ctx context.Context, tx pgx.Tx, consumer string, claims []Claim) (map[ID]Record, error) {
+	keys, messages := columnsOf(idsOf(claims))
 	b := &pgx.Batch{}
 	b.Queue(in.q.ClaimLock, consumer, keys)
-	b.Queue(in.q.ClaimPartitioned, consumer, keys, messages, fps, lifetime)
+	b.Queue(in.q.Lookup, consumer, keys, messages)
 	br := tx.SendBatch(ctx, b)
 	defer br.Close()
 	if err := keysLocked(br); err != nil {
@@ -237,11 +198,162 @@ func (in *Inbox) claimPartitioned(ctx context.Context, tx pgx.Tx, consumer strin
 	if err != nil {
 		return nil, err
 	}
-	claimed, err := pgx.CollectRows(rows, scanID)
+	recs, err := collectRecords(rows, len(claims))
 	if err != nil {
 		return nil, err
 	}
-	return claimed, br.Close()
+	return recs, br.Close()
+}
+
+// judge is the verdict on c given the records found: Fresh when there is none.
+func judge(recs map[ID]Record, c Claim) Verdict {
+	rec, ok := recs[c.ID()]
+	switch {
+	case !ok:
+		return Fresh
+	case !rec.Matches(c.Payload):
+		return Mismatch
+	default:
+		return Duplicate
+	}
+}
+
+// Settlement is a delivery that Claim judged Fresh, with the result its effect
+// produced (nil for none).
+type Settlement struct {
+	Claim
+	Result []byte
+}
+
+// ErrSettleConflict is returned by Settle when another transaction settled one of
+// the deliveries first: a copy claimed at the same moment committed (the inbox
+// keeps its row), or the inbox was partitioned since the claim. The caller's
+// transaction is no good any more: roll it back, effect and all, and run the
+// deliveries again from Claim, which finds the settled ones Duplicate.
+var ErrSettleConflict = errors.New("dedupe: settle: another transaction settled a delivery first; roll back and claim again")
+
+// Settle records deliveries as done, each with its result and its payload's
+// fingerprint, in tx: one INSERT of each delivery's finished row, after the effect
+// and before the commit. lifetime is how long the deliveries are remembered
+// (default DefaultLifetime). Settle only deliveries Claim judged Fresh in tx, each
+// once.
+//
+// A copy of a delivery that another transaction is settling makes Settle wait for
+// that transaction: if it commits, Settle fails with ErrSettleConflict (and tx is
+// aborted); if it rolls back, Settle goes on. So of two copies processed at once,
+// exactly one commits its effect. On a partitioned inbox Settle takes the keys'
+// locks again (Claim holds them already) and inserts only what no partition has.
+func (in *Inbox) Settle(ctx context.Context, tx pgx.Tx, consumer string, done []Settlement, lifetime time.Duration) error {
+	if len(done) == 0 {
+		return nil
+	}
+	if lifetime <= 0 {
+		lifetime = DefaultLifetime
+	}
+	// Sorted, so that two transactions settling overlapping deliveries wait on
+	// each other in the same order and cannot deadlock.
+	sorted := sortedDeliveries(done, func(s Settlement) ID { return s.ID() })
+	if err := checkDeliveries(sorted, func(s Settlement) ID { return s.ID() }); err != nil {
+		return fmt.Errorf("dedupe: settle: %w", err)
+	}
+	keys := make([]string, len(sorted))
+	messages := make([]string, len(sorted))
+	fps := make([][]byte, len(sorted))
+	results := make([][]byte, len(sorted))
+	for i, s := range sorted {
+		keys[i], messages[i], fps[i], results[i] = s.Key, s.Message, fingerprint(s.Payload), s.Result
+	}
+	partitioned, err := in.partitioned(ctx, tx)
+	if err != nil {
+		return err
+	}
+	var inserted int64
+	if partitioned {
+		inserted, err = in.settlePartitioned(ctx, tx, consumer, keys, messages, fps, results, lifetime)
+	} else {
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, in.q.Settle, consumer, keys, messages, fps, results, lifetime)
+		inserted = tag.RowsAffected()
+		if err == nil && inserted == 0 {
+			// Nothing inserted and no error: the table was partitioned since the
+			// layout was learnt. The next claim learns it again.
+			in.layout.Store(0)
+		}
+	}
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "23505": // unique_violation: a copy committed first
+		return fmt.Errorf("%w (consumer %q): %s", ErrSettleConflict, consumer, pe.Detail)
+	case err != nil:
+		return fmt.Errorf("dedupe: settle: %w", err)
+	case inserted != int64(len(sorted)):
+		return fmt.Errorf("%w (consumer %q): %d of %d deliveries were settled already", ErrSettleConflict, consumer, int64(len(sorted))-inserted, len(sorted))
+	}
+	return nil
+}
+
+// settlePartitioned settles deliveries in a partitioned inbox: the keys' advisory
+// locks, then the insert of the deliveries no partition has, in one round trip.
+func (in *Inbox) settlePartitioned(ctx context.Context, tx pgx.Tx, consumer string, keys, messages []string, fps, results [][]byte, lifetime time.Duration) (int64, error) {
+	b := &pgx.Batch{}
+	b.Queue(in.q.ClaimLock, consumer, keys)
+	b.Queue(in.q.SettlePartitioned, consumer, keys, messages, fps, results, lifetime)
+	br := tx.SendBatch(ctx, b)
+	defer br.Close()
+	if err := keysLocked(br); err != nil {
+		return 0, err
+	}
+	tag, err := br.Exec()
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), br.Close()
+}
+
+// sortedDeliveries returns a copy of xs sorted by delivery (key, then message):
+// the one order in which every transaction waits for another's deliveries.
+func sortedDeliveries[T any](xs []T, id func(T) ID) []T {
+	sorted := slices.Clone(xs)
+	slices.SortFunc(sorted, func(a, b T) int {
+		x, y := id(a), id(b)
+		if c := strings.Compare(x.Key, y.Key); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Message, y.Message)
+	})
+	return sorted
+}
+
+// checkDeliveries refuses a delivery that names no message, and one named twice
+// (sorted must be sorted by delivery): the caller folds repeats first.
+func checkDeliveries[T any](sorted []T, id func(T) ID) error {
+	for i, x := range sorted {
+		d := id(x)
+		if d.Message == "" {
+			return fmt.Errorf("key %q names no message", d.Key)
+		}
+		if i > 0 && id(sorted[i-1]) == d {
+			return fmt.Errorf("key %q, message %q is named twice: fold repeats of a delivery first", d.Key, d.Message)
+		}
+	}
+	return nil
+}
+
+func idsOf(claims []Claim) []ID {
+	ids := make([]ID, len(claims))
+	for i, c := range claims {
+		ids[i] = c.ID()
+	}
+	return ids
+}
+
+func columnsOf(ids []ID) (keys, messages []string) {
+	keys = make([]string, len(ids))
+	messages = make([]string, len(ids))
+	for i, id := range ids {
+		keys[i], messages[i] = id.Key, id.Message
+	}
+	return keys, messages
 }
 
 // keysLocked reads the result of sqlClaimLock, the first statement of a
@@ -266,57 +378,18 @@ func (in *Inbox) Check(ctx context.Context, q Querier, consumer string, claims [
 	if len(claims) == 0 {
 		return out, nil
 	}
-	ids := make([]ID, len(claims))
-	for i, c := range claims {
-		ids[i] = c.ID()
-	}
-	recs, err := in.Lookup(ctx, q, consumer, ids)
+	recs, err := in.Lookup(ctx, q, consumer, idsOf(claims))
 	if err != nil {
 		return nil, err
 	}
 	for _, c := range claims {
-		rec, ok := recs[c.ID()]
-		switch {
-		case !ok:
+		if v := judge(recs, c); v == Fresh {
 			out[c.ID()] = Absent
-		case !rec.Matches(c.Payload):
-			out[c.ID()] = Mismatch
-		default:
-			out[c.ID()] = Duplicate
+		} else {
+			out[c.ID()] = v
 		}
 	}
 	return out, nil
-}
-
-// SetResults stores the handlers' results for deliveries claimed fresh in tx. Nil
-// results are skipped: the row already says done.
-func (in *Inbox) SetResults(ctx context.Context, tx pgx.Tx, consumer string, results map[ID][]byte) error {
-	b := &pgx.Batch{}
-	for id, v := range results {
-		if v == nil {
-			continue
-		}
-		b.Queue(in.q.SetResult, consumer, id.Key, id.Message, v)
-	}
-	if b.Len() == 0 {
-		return nil
-	}
-	br := tx.SendBatch(ctx, b)
-	for range b.Len() {
-		tag, err := br.Exec()
-		if err != nil {
-			br.Close()
-			return fmt.Errorf("dedupe: store results: %w", err)
-		}
-		if tag.RowsAffected() != 1 {
-			br.Close()
-			return fmt.Errorf("dedupe: store results: a delivery was not claimed in this transaction")
-		}
-	}
-	if err := br.Close(); err != nil {
-		return fmt.Errorf("dedupe: store results: %w", err)
-	}
-	return nil
 }
 
 // Record is what the inbox remembers of a delivery.
@@ -352,29 +425,31 @@ func (r Record) Matches(payload []byte) bool { return bytes.Equal(r.Fingerprint,
 // Lookup returns the records of deliveries for consumer, keyed by the ID asked
 // for; deliveries the inbox does not know are absent from the map.
 func (in *Inbox) Lookup(ctx context.Context, q Querier, consumer string, ids []ID) (map[ID]Record, error) {
-	keys := make([]string, len(ids))
-	messages := make([]string, len(ids))
-	for i, id := range ids {
-		keys[i], messages[i] = id.Key, id.Message
-	}
+	keys, messages := columnsOf(ids)
 	rows, err := q.Query(ctx, in.q.Lookup, consumer, keys, messages)
 	if err != nil {
 		return nil, fmt.Errorf("dedupe: lookup: %w", err)
 	}
+	recs, err := collectRecords(rows, len(ids))
+	if err != nil {
+		return nil, fmt.Errorf("dedupe: lookup: %w", err)
+	}
+	return recs, nil
+}
+
+// collectRecords reads the rows of sqlLookup, keyed by the delivery asked for.
+func collectRecords(rows pgx.Rows, n int) (map[ID]Record, error) {
 	defer rows.Close()
-	out := make(map[ID]Record, len(ids))
+	out := make(map[ID]Record, n)
 	for rows.Next() {
 		var asked ID
 		r, err := scanRecord(rows, &asked.Key, &asked.Message)
 		if err != nil {
-			return nil, fmt.Errorf("dedupe: lookup: %w", err)
+			return nil, err
 		}
 		out[asked] = r
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("dedupe: lookup: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // scanRecord reads a row of sqlLookup: the delivery asked for, then the record.

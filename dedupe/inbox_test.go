@@ -2,6 +2,7 @@ package dedupe_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/partition"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
@@ -48,19 +50,33 @@ func byKey(vs map[dedupe.ID]dedupe.Verdict) map[string]dedupe.Verdict {
 	return out
 }
 
-// claim runs one Claim in its own transaction and commits it.
+// claim runs one Claim in its own transaction, settles what it judged Fresh (with
+// no result) and commits, as a consumer does around its effect.
 func claim(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claims ...dedupe.Claim) map[string]dedupe.Verdict {
 	t.Helper()
 	var out map[dedupe.ID]dedupe.Verdict
 	err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
 		var err error
-		out, err = in.Claim(context.Background(), tx, consumer, claims, time.Hour)
-		return err
+		if out, err = in.Claim(context.Background(), tx, consumer, claims); err != nil {
+			return err
+		}
+		return in.Settle(context.Background(), tx, consumer, freshOf(claims, out, nil), time.Hour)
 	})
 	if err != nil {
-		t.Fatalf("Claim: %v", err)
+		t.Fatalf("Claim and Settle: %v", err)
 	}
 	return byKey(out)
+}
+
+// freshOf is the settlements of the claims judged Fresh, with results[key].
+func freshOf(claims []dedupe.Claim, verdicts map[dedupe.ID]dedupe.Verdict, results map[string][]byte) []dedupe.Settlement {
+	var done []dedupe.Settlement
+	for _, c := range claims {
+		if verdicts[c.ID()] == dedupe.Fresh {
+			done = append(done, dedupe.Settlement{Claim: c, Result: results[c.Key]})
+		}
+	}
+	return done
 }
 
 func check(t *testing.T, db *pgtest.DB, in *dedupe.Inbox, consumer string, claims ...dedupe.Claim) map[string]dedupe.Verdict {
@@ -116,31 +132,62 @@ func TestInboxClaimVerdicts(t *testing.T) {
 			wantVerdicts(t, "other consumer", claim(t, db, in, "emails", dedupe.Claim{Key: "k1", Message: testMessage, Payload: b}),
 				map[string]dedupe.Verdict{"k1": dedupe.Fresh})
 
-			// A claim that rolls back (the effect failed) is forgotten with it.
+			// A claim writes nothing: a transaction that claims and commits
+			// without settling leaves the delivery unknown.
+			err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+				got, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k5", Message: testMessage, Payload: a}})
+				wantVerdicts(t, "claim without settle", byKey(got), map[string]dedupe.Verdict{"k5": dedupe.Fresh})
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantVerdicts(t, "after a claim alone", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k5", Message: testMessage, Payload: a}),
+				map[string]dedupe.Verdict{"k5": dedupe.Absent})
+
+			// A settlement that rolls back (the effect failed) is forgotten with it.
 			tx, err := db.Pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k5", Message: testMessage, Payload: a}}, time.Hour)
-			if err != nil {
+			k5 := []dedupe.Claim{{Key: "k5", Message: testMessage, Payload: a}}
+			if err := in.Settle(ctx, tx, claimConsumer, freshOf(k5, map[dedupe.ID]dedupe.Verdict{k5[0].ID(): dedupe.Fresh}, nil), time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			wantVerdicts(t, "claim before rollback", byKey(got), map[string]dedupe.Verdict{"k5": dedupe.Fresh})
 			if err := tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
 			wantVerdicts(t, "after rollback", check(t, db, in, claimConsumer, dedupe.Claim{Key: "k5", Message: testMessage, Payload: a}),
 				map[string]dedupe.Verdict{"k5": dedupe.Absent})
 
-			// Results are stored on fresh keys and read back by Lookup.
+			// Results are stored with the settlement, in the row's one version,
+			// and read back by Lookup.
+			k6 := []dedupe.Claim{{Key: "k6", Message: testMessage, Payload: a}}
+			var before, after [2]int64
 			err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-				if _, err := in.Claim(ctx, tx, claimConsumer, []dedupe.Claim{{Key: "k6", Message: testMessage, Payload: a}}, time.Hour); err != nil {
+				// This backend's writes to the inbox (every partition's) not yet
+				// reported: this transaction's, and maybe some before it.
+				writes := func(into *[2]int64) error {
+					return tx.QueryRow(ctx, `SELECT COALESCE(sum(n_tup_ins), 0)::bigint, COALESCE(sum(n_tup_upd), 0)::bigint
+FROM pg_stat_xact_user_tables WHERE relname LIKE 'idem\_inbox%'`).Scan(&into[0], &into[1])
+				}
+				if err := writes(&before); err != nil {
 					return err
 				}
-				return in.SetResults(ctx, tx, claimConsumer, map[dedupe.ID][]byte{{Key: "k6", Message: testMessage}: []byte(`"first"`)})
+				v, err := in.Claim(ctx, tx, claimConsumer, k6)
+				if err != nil {
+					return err
+				}
+				if err := in.Settle(ctx, tx, claimConsumer, freshOf(k6, v, map[string][]byte{"k6": []byte(`"first"`)}), time.Hour); err != nil {
+					return err
+				}
+				return writes(&after)
 			})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if inserts, updates := after[0]-before[0], after[1]-before[1]; inserts != 1 || updates != 0 {
+				t.Errorf("claiming and settling one delivery wrote %d inserts and %d updates, want one insert", inserts, updates)
 			}
 			recs, err := in.Lookup(ctx, db.Pool, claimConsumer, []dedupe.ID{{Key: "k6", Message: testMessage}, {Key: "k-none", Message: testMessage}})
 			if err != nil {
@@ -152,12 +199,11 @@ func TestInboxClaimVerdicts(t *testing.T) {
 			if _, ok := recs[dedupe.ID{Key: "k-none", Message: testMessage}]; ok || len(recs) != 1 {
 				t.Errorf("Lookup returned %d records, want only k6", len(recs))
 			}
-
-			// Every row is in the configured schema, none anywhere else.
 			where := schema
 			if where == "" {
 				where = "public"
 			}
+			// Every row is in the configured schema, none anywhere else.
 			if n := db.Count(t, `SELECT count(*) FROM `+where+`.idem_inbox`); n != 5 {
 				t.Errorf("%s.idem_inbox holds %d rows, want 5 (k1 twice, k2, k3, k6)", where, n)
 			}
@@ -177,7 +223,7 @@ func TestInboxSchemaIsQualified(t *testing.T) {
 	db := pgtest.NewWith(t, pgtest.Options{Schema: "inbox_test"})
 	public := dedupe.New(installOf(t, db, ""))
 	err := pgx.BeginFunc(context.Background(), db.Pool, func(tx pgx.Tx) error {
-		_, err := public.Claim(context.Background(), tx, claimConsumer, []dedupe.Claim{{Key: "k", Message: testMessage, Payload: []byte("x")}}, time.Hour)
+		_, err := public.Claim(context.Background(), tx, claimConsumer, []dedupe.Claim{{Key: "k", Message: testMessage, Payload: []byte("x")}})
 		return err
 	})
 	if err == nil {
@@ -188,12 +234,16 @@ func TestInboxSchemaIsQualified(t *testing.T) {
 	}
 }
 
-// Two transactions claim the same key at once: the second waits for the first and
-// sees the key Duplicate when it commits, Fresh when it rolls back. Exactly one of
-// them ever owns the key. On a partitioned inbox the two claims ask for different
-// lifetimes, so their rows would land in different partitions, which no unique
-// index spans: there only the claim's key lock makes the second wait.
-func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
+// Two transactions process the same delivery at once: both claim it, the first
+// settles it, and the second settles it while the first is still open. The second
+// waits for the first, and fails with ErrSettleConflict when the first commits
+// (it rolls back and, claiming again, finds a Duplicate), or settles it when the
+// first rolls back. Exactly one of them ever commits the delivery. On a
+// partitioned inbox, which no unique index spans (the two ask for different
+// lifetimes, so their rows would land in different partitions), the second
+// waits already in its claim, on the key's lock, and judges the delivery by what
+// the first did.
+func TestInboxConcurrentSettleHasOneOwner(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		firstCommits, partitioned bool
@@ -202,12 +252,13 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 		if tc.partitioned {
 			name += " partitioned"
 		}
-		firstCommits := tc.firstCommits
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			db, in := newInbox(t, pgtest.Options{Partitioned: tc.partitioned})
+			// IDEM_TEST_PARTITIONED=1 partitions every test database.
+			partitioned := db.Count(t, `SELECT count(*) FROM pg_partitioned_table WHERE partrelid = 'idem_inbox'::regclass`) == 1
 			secondLifetime := time.Hour
-			if tc.partitioned {
+			if partitioned {
 				secondLifetime = 7 * 24 * time.Hour
 			}
 			ctx := context.Background()
@@ -218,35 +269,53 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer first.Rollback(ctx) //nolint:errcheck // a no-op once ended
-			got, err := in.Claim(ctx, first, claimConsumer, cl, time.Hour)
+			got, err := in.Claim(ctx, first, claimConsumer, cl)
 			if err != nil {
 				t.Fatal(err)
 			}
 			wantVerdicts(t, "first", byKey(got), map[string]dedupe.Verdict{"k-race": dedupe.Fresh})
+			if err := in.Settle(ctx, first, claimConsumer, freshOf(cl, got, nil), time.Hour); err != nil {
+				t.Fatal(err)
+			}
 
+			// The second: claim, settle what was fresh, commit; once more after a
+			// conflict, as a consumer does.
 			type result struct {
-				v   map[dedupe.ID]dedupe.Verdict
-				err error
+				claimed, reclaimed map[dedupe.ID]dedupe.Verdict
+				settleErr, err     error
 			}
 			second := make(chan result, 1)
 			go func() {
 				var r result
-				r.err = pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
-					var err error
-					r.v, err = in.Claim(ctx, tx, claimConsumer, cl, secondLifetime)
-					return err
-				})
+				r.err = func() error {
+					tx, err := db.Pool.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback(ctx) //nolint:errcheck // a no-op once ended
+					if r.claimed, err = in.Claim(ctx, tx, claimConsumer, cl); err != nil {
+						return err
+					}
+					if r.settleErr = in.Settle(ctx, tx, claimConsumer, freshOf(cl, r.claimed, nil), secondLifetime); r.settleErr == nil {
+						return tx.Commit(ctx)
+					}
+					if err := tx.Rollback(ctx); err != nil {
+						return err
+					}
+					return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+						r.reclaimed, err = in.Claim(ctx, tx, claimConsumer, cl)
+						return err
+					})
+				}()
 				second <- r
 			}()
-			testenv.Eventually(t, 45*time.Second, "the second claim to wait on the first", func() bool {
+			testenv.Eventually(t, 45*time.Second, "the second to wait on the first", func() bool {
 				return db.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) == 1
 			})
-			want := dedupe.Duplicate
-			if firstCommits {
+			if firstCommits := tc.firstCommits; firstCommits {
 				err = first.Commit(ctx)
 			} else {
 				err = first.Rollback(ctx)
-				want = dedupe.Fresh
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -255,12 +324,26 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 			select {
 			case r = <-second:
 			case <-time.After(45 * time.Second):
-				t.Fatal("the second claim never returned")
+				t.Fatal("the second never returned")
 			}
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
-			wantVerdicts(t, "second", byKey(r.v), map[string]dedupe.Verdict{"k-race": want})
+			switch {
+			case partitioned && tc.firstCommits:
+				wantVerdicts(t, "second claim", byKey(r.claimed), map[string]dedupe.Verdict{"k-race": dedupe.Duplicate})
+			case tc.firstCommits:
+				wantVerdicts(t, "second claim", byKey(r.claimed), map[string]dedupe.Verdict{"k-race": dedupe.Fresh})
+				if !errors.Is(r.settleErr, dedupe.ErrSettleConflict) {
+					t.Fatalf("the second's settle = %v, want ErrSettleConflict", r.settleErr)
+				}
+				wantVerdicts(t, "second claim after the conflict", byKey(r.reclaimed), map[string]dedupe.Verdict{"k-race": dedupe.Duplicate})
+			default:
+				wantVerdicts(t, "second claim", byKey(r.claimed), map[string]dedupe.Verdict{"k-race": dedupe.Fresh})
+				if r.settleErr != nil {
+					t.Fatalf("the second's settle after the first rolled back = %v, want it to settle", r.settleErr)
+				}
+			}
 			if n := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-race'`); n != 1 {
 				t.Errorf("inbox rows = %d, want 1", n)
 			}
@@ -268,13 +351,72 @@ func TestInboxConcurrentClaimHasOneOwner(t *testing.T) {
 	}
 }
 
+// A partitioned inbox converted under a running inbox, which learnt the table
+// plain: its settlement inserts nothing into the converted table (its primary key
+// no longer makes a delivery unique) and says ErrSettleConflict, and the next
+// claim learns the layout and serialises on the key's lock.
+func TestSettleRelearnsAConvertedInbox(t *testing.T) {
+	t.Parallel()
+	db, in := newInbox(t, pgtest.Options{})
+	if db.Count(t, `SELECT count(*) FROM pg_partitioned_table WHERE partrelid = 'idem_inbox'::regclass`) == 1 {
+		t.Skip("the test database is partitioned already")
+	}
+	ctx := context.Background()
+	claim(t, db, in, claimConsumer, dedupe.Claim{Key: "k-before", Message: testMessage, Payload: []byte("x")}) // learns: plain
+	if _, err := partition.Convert(ctx, db.Pool, partition.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	cl := []dedupe.Claim{{Key: "k-after", Message: testMessage, Payload: []byte("x")}}
+	err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+		v, err := in.Claim(ctx, tx, claimConsumer, cl)
+		if err != nil {
+			return err
+		}
+		return in.Settle(ctx, tx, claimConsumer, freshOf(cl, v, nil), time.Hour)
+	})
+	if !errors.Is(err, dedupe.ErrSettleConflict) {
+		t.Fatalf("settling on the converted table with the plain statement = %v, want ErrSettleConflict", err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-after'`); n != 0 {
+		t.Fatalf("the plain statement wrote %d rows into the partitioned inbox", n)
+	}
+	wantVerdicts(t, "claim again", claim(t, db, in, claimConsumer, cl...), map[string]dedupe.Verdict{"k-after": dedupe.Fresh})
+	if n := db.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-after'`); n != 1 {
+		t.Fatalf("after learning the layout: %d rows, want 1", n)
+	}
+}
+
+// Settle refuses what no claim would hand it: a delivery without a message, and
+// one delivery twice.
+func TestSettleRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	db, in := newInbox(t, pgtest.Options{})
+	ctx := context.Background()
+	one := dedupe.Settlement{Claim: dedupe.Claim{Key: "k", Message: testMessage, Payload: []byte("x")}}
+	for name, done := range map[string][]dedupe.Settlement{
+		"no message": {{Claim: dedupe.Claim{Key: "k", Payload: []byte("x")}}},
+		"twice":      {one, one},
+	} {
+		err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error { return in.Settle(ctx, tx, claimConsumer, done, time.Hour) })
+		if err == nil || errors.Is(err, dedupe.ErrSettleConflict) {
+			t.Errorf("%s: Settle = %v, want a refusal", name, err)
+		}
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_inbox`); n != 0 {
+		t.Errorf("refused settlements wrote %d rows", n)
+	}
+}
+
 func TestInboxClaimNothing(t *testing.T) {
 	t.Parallel()
 	_, in := newInbox(t, pgtest.Options{})
 	// No keys, no statement: a nil transaction is never touched.
-	got, err := in.Claim(context.Background(), nil, claimConsumer, nil, time.Hour)
+	got, err := in.Claim(context.Background(), nil, claimConsumer, nil)
 	if err != nil || len(got) != 0 {
 		t.Fatalf("Claim(no keys) = %v, %v; want an empty map", got, err)
+	}
+	if err := in.Settle(context.Background(), nil, claimConsumer, nil, time.Hour); err != nil {
+		t.Fatalf("Settle(nothing) = %v", err)
 	}
 	for v, s := range map[dedupe.Verdict]string{dedupe.Fresh: "fresh", dedupe.Duplicate: "duplicate", dedupe.Mismatch: "mismatch", dedupe.Absent: "absent"} {
 		if v.String() != s {

@@ -101,8 +101,16 @@ func TestUpgradeToV5KeepsEveryRowsMeaning(t *testing.T) {
 				{Key: "k-new", Message: "idem.payments.refund", Payload: []byte("B")},
 			}
 			if err := pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) (err error) {
-				verdicts, err = in.Claim(ctx, tx, "charges", claims, time.Hour)
-				return err
+				if verdicts, err = in.Claim(ctx, tx, "charges", claims); err != nil {
+					return err
+				}
+				var fresh []dedupe.Settlement
+				for _, c := range claims {
+					if verdicts[c.ID()] == dedupe.Fresh {
+						fresh = append(fresh, dedupe.Settlement{Claim: c})
+					}
+				}
+				return in.Settle(ctx, tx, "charges", fresh, time.Hour)
 			}); err != nil {
 				t.Fatal(err)
 			}

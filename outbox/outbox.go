@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -41,7 +43,22 @@ type Outbox struct {
 	pool   *pgxpool.Pool
 	wake   *wake.Waker
 	tracer trace.Tracer
+	// relayed caches which relay new rows belong to, for a process without a
+	// relay of its own: a log relay needs no NOTIFY.
+	relayed *relayedBy
 }
+
+// relayedBy is which relay the outbox's new rows belong to, as last read.
+type relayedBy struct {
+	mu    sync.Mutex
+	byLog bool
+	read  time.Time
+}
+
+// relayedRecheck is how long a reading of the outbox's relay is trusted: a change
+// of relay costs at most this long of NOTIFYs sent or missed (a missed one, the
+// polling relay's poll).
+const relayedRecheck = 5 * time.Second
 
 // RelayConsumer is the consumer name under which the relay files the dead letters
 // of messages the broker refused or that no consumer reads: the name to give
@@ -59,13 +76,14 @@ func New(inst *install.Installation) *Outbox {
 	return &Outbox{
 		subjects: inst.Stream().Subjects, maxPayload: maxPayload, stream: inst.Stream().Name,
 		q: inst.Store().Outbox, pool: inst.Pool(), wake: inst.Waker(),
-		tracer: otelmsg.Tracer(inst.TracerProvider()),
+		tracer: otelmsg.Tracer(inst.TracerProvider()), relayed: &relayedBy{},
 	}
 }
 
 // Enqueue writes msgs into the outbox inside the caller's transaction, in one
 // statement, so the messages exist if and only if the caller's business rows
-// commit. The relay is woken by a NOTIFY that Postgres delivers at commit.
+// commit. A log relay reads the commit from its slot; a polling relay is woken by
+// a NOTIFY that Postgres delivers at commit.
 //
 // Each message's Key must be a scoped key (idem.ScopedKey; producer.Intent.Enqueue
 // stamps it for you), its Subject a literal subject under the stream's subjects, its Name
@@ -117,6 +135,9 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, aga
 	}
 	if _, err := tx.Exec(ctx, rows.statement(o.q), rows.args()...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
+	}
+	if o.wake.Logged() || o.byLog(ctx) {
+		return nil // the log relay reads the commit from its slot
 	}
 	if _, err := tx.Exec(ctx, o.q.Notify, o.q.Channel); err != nil {
 		return fmt.Errorf("outbox: enqueue: notify: %w", err)
@@ -270,6 +291,24 @@ func (o *Outbox) traced(ctx context.Context, m idem.Message, msgID string) map[s
 	return h
 }
 
+// byLog reports whether the outbox's new rows belong to a log relay, which reads
+// commits from its slot and needs no wake-up. It reads the outbox's relay column
+// at most every relayedRecheck; a failed read says no.
+func (o *Outbox) byLog(ctx context.Context) bool {
+	r := o.relayed
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if time.Since(r.read) < relayedRecheck {
+		return r.byLog
+	}
+	var def string
+	if err := o.pool.QueryRow(ctx, o.q.RelayDefault).Scan(&def); err != nil {
+		return false
+	}
+	r.byLog, r.read = strings.HasPrefix(def, "'log'"), time.Now()
+	return r.byLog
+}
+
 // Wake tells the relays that rows written with AddToBatch have committed. Call it
 // after the commit, never before: a relay woken early finds nothing and sleeps
 // until its next poll.
@@ -284,7 +323,7 @@ func (o *Outbox) traced(ctx context.Context, m idem.Message, msgID string) map[s
 // An error means the NOTIFY failed; the rows are committed all the same and a
 // relay's poll will find them.
 func (o *Outbox) Wake(ctx context.Context) error {
-	if o.wake.Local() {
+	if o.wake.Local() || o.byLog(ctx) {
 		return nil
 	}
 	if err := o.wake.Notify(ctx, func(ctx context.Context) error {

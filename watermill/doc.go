@@ -25,7 +25,7 @@
 //
 // For each message it begins a transaction and claims (consumer, key, message) in
 // idem_inbox together with the payload (dedupe.Inbox.Claim, the same claim idem's own
-// JetStream consumer makes), and acts on the verdict. The message is the topic the
+// JetStream consumer makes: a look-up that writes nothing), and acts on the verdict. The message is the topic the
 // router subscribed (a NATS subject: subscribe literal subjects, not wildcards, for
 // two messages of one intent to count as two) and the Idem-Message name, if any. (A
 // copy whose Idem-Replay-For names other consumers is acked without a claim.) The
@@ -37,9 +37,12 @@
 //     permanent error wrapping [ErrFingerprintMismatch]; nothing is merged.
 //   - Fresh: the handler runs with the transaction in the message context
 //     ([TxFromContext]). If it fails the transaction is rolled back, claim and all,
-//     so the redelivery runs the handler again. If it succeeds the claim commits
-//     together with the handler's own writes: there is no moment at which one exists
-//     without the other.
+//     so the redelivery runs the handler again. If it succeeds the delivery's one
+//     inbox row is written (dedupe.Inbox.Settle) and commits together with the
+//     handler's own writes: there is no moment at which one exists without the
+//     other. Of two copies handled at the same moment, both may run the handler;
+//     only one commits, the other's settlement fails and rolls back its writes, and
+//     the middleware claims it again and folds it as a duplicate.
 //
 // The middleware takes the service's *install.Installation, which names the pool,
 // the schema of idem's tables and the stream: it needs no NATS connection of its

@@ -45,13 +45,17 @@ func NewMiddleware(inst *install.Installation, cfg Config) (message.HandlerMiddl
 //
 // For each message: the key comes from the metadata "Idempotency-Key"; a missing
 // or malformed key is a permanent error and the handler is not called. The key is
-// claimed with the payload in a new transaction (dedupe.Inbox.Claim). A duplicate
+// claimed with the payload in a new transaction (dedupe.Inbox.Claim, a look-up). A duplicate
 // (same key, same payload) is acked without calling the handler and produces no
 // messages; the same key with another payload is a permanent error wrapping
 // ErrFingerprintMismatch. A fresh key runs the handler with the transaction in
 // msg.Context() (see TxFromContext): a handler error rolls the claim back and is
-// returned unchanged, so the redelivery runs again; success commits the claim with
-// the handler's writes and returns the handler's messages.
+// returned unchanged, so the redelivery runs again; success settles the key
+// (dedupe.Inbox.Settle, its one row) and commits it with the handler's writes, and
+// returns the handler's messages. Of copies of one message handled at the same
+// moment, each may run the handler, and one commits: the others' settlements fail
+// (dedupe.ErrSettleConflict), their writes roll back, and each is claimed again
+// and folded as a duplicate.
 func Middleware(inst *install.Installation, cfg Config) message.HandlerMiddleware {
 	m, err := NewMiddleware(inst, cfg)
 	if err != nil {
@@ -95,7 +99,25 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 		log.WarnContext(ctx, "message rejected", "err", err)
 		return nil, fmt.Errorf("idemwatermill: message %s: %w", msg.UUID, err)
 	}
+	// A copy of the message that another transaction settled while this one ran
+	// its handler rolls this one back (dedupe.ErrSettleConflict); the next turn's
+	// claim finds it settled. Each conflict is another transaction's commit, so a
+	// second turn almost always settles it.
+	for turn := 1; ; turn++ {
+		produced, err := in.once(next, msg, log, key, id)
+		if !errors.Is(err, dedupe.ErrSettleConflict) || turn == settleTurns {
+			return produced, err
+		}
+		log.DebugContext(ctx, "a concurrent copy settled first; rolled back, claiming again", "err", err)
+	}
+}
 
+// settleTurns bounds how often handle claims a message again after a conflict.
+const settleTurns = 3
+
+// once is one transaction: claim, handler, settlement, commit.
+func (in *inbox) once(next message.HandlerFunc, msg *message.Message, log *slog.Logger, key string, id dedupe.ID) ([]*message.Message, error) {
+	ctx := msg.Context()
 	tx, err := in.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("idemwatermill: begin: %w", err)
@@ -104,11 +126,10 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 	// cancelled, so the connection goes back to the pool clean.
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 
-	// The one claim → look-up → fingerprint comparison, shared with idem's own
-	// consumer. A key whose concurrent first claim rolled back between the two
-	// steps is an error here: the router nacks and the redelivery claims it afresh.
-	verdicts, err := in.inbox.Claim(ctx, tx, in.cfg.Consumer,
-		[]dedupe.Claim{{Key: id.Key, Message: id.Message, Payload: msg.Payload}}, in.cfg.KeyLifetime)
+	// The one claim (look-up, fingerprint comparison) and settlement, shared with
+	// idem's own consumer.
+	claim := dedupe.Claim{Key: id.Key, Message: id.Message, Payload: msg.Payload}
+	verdicts, err := in.inbox.Claim(ctx, tx, in.cfg.Consumer, []dedupe.Claim{claim})
 	if err != nil {
 		return nil, fmt.Errorf("idemwatermill: %w", err)
 	}
@@ -143,6 +164,10 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 			return nil, err
 		}
 		produced = nil
+	}
+	// The delivery's one inbox row, with the handler's writes.
+	if err := in.inbox.Settle(ctx, tx, in.cfg.Consumer, []dedupe.Settlement{{Claim: claim}}, in.cfg.KeyLifetime); err != nil {
+		return nil, fmt.Errorf("idemwatermill: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("idemwatermill: commit: %w", err)

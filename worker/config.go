@@ -69,6 +69,21 @@ type Config struct {
 
 // RelayConfig tunes the outbox relay. The zero value means the defaults.
 type RelayConfig struct {
+	// Mode chooses the relay: "log" reads committed outbox rows from a logical
+	// replication slot, and never rewrites them; "poll" claims pending rows
+	// (SELECT ... FOR UPDATE SKIP LOCKED) and marks them published. The default,
+	// "", runs the log relay where it can (wal_level = logical, a role that may
+	// replicate, PostgreSQL 14 or later, no OrderedSubjects or AtomicPublish) and
+	// the polling relay elsewhere; the worker says at start which one runs and
+	// why. "log" refuses to start where the log relay cannot run. Every worker of
+	// an installation should be given the same Mode: the relay of the one that
+	// started last decides which relay new rows belong to. See docs/OPERATIONS.md,
+	// "The relay".
+	Mode string
+	// MaxSlotLag is how much WAL (bytes) the log relay's slot may hold before the
+	// worker running it is unready (default 1 GiB): the relay is that far behind
+	// the outbox. Bound what Postgres keeps for a slot with max_slot_wal_keep_size.
+	MaxSlotLag int64
 	// BatchSize is the most rows claimed and published per transaction (default
 	// 500).
 	BatchSize int
@@ -156,6 +171,18 @@ func (c Config) validate() error {
 	if err := c.Relay.config(c).Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	switch c.Relay.Mode {
+	case relayAuto, relayPoll:
+	case relayLog:
+		if len(c.Relay.OrderedSubjects) > 0 || c.Relay.AtomicPublish {
+			return errors.New(`worker: Relay.Mode "log" publishes message by message in commit order; OrderedSubjects and AtomicPublish need Mode "poll" (or the default)`)
+		}
+	default:
+		return fmt.Errorf(`worker: Relay.Mode %q: want "log", "poll" or "" (the log relay where it can run)`, c.Relay.Mode)
+	}
+	if c.Relay.MaxSlotLag < 0 {
+		return errors.New("worker: Relay.MaxSlotLag must not be negative")
+	}
 	if err := c.Reconcile.config(c).Validate(); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -174,8 +201,21 @@ func (c Config) withDefaults() Config {
 		c.ClientResendHorizon = DefaultClientResendHorizon
 	}
 	c.Retention = c.Retention.withDefaults()
+	if c.Relay.MaxSlotLag == 0 {
+		c.Relay.MaxSlotLag = defaultMaxSlotLag
+	}
 	return c
 }
+
+// Relay modes (RelayConfig.Mode).
+const (
+	relayAuto = ""
+	relayLog  = "log"
+	relayPoll = "poll"
+)
+
+// defaultMaxSlotLag is RelayConfig.MaxSlotLag's default.
+const defaultMaxSlotLag = 1 << 30
 
 // config is the relay's configuration in worker c.
 func (r RelayConfig) config(c Config) relay.Config {

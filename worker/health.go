@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/idemkit/idem/internal/relay"
 )
 
 // LiveHandler answers 200 while the process can answer at all: for a liveness probe
@@ -49,8 +51,10 @@ func (w *Worker) ReadyHandler() http.Handler {
 // follows the roles the worker runs:
 //
 //   - Every worker: started, no component failed (a NATS connection closed for
-//     good is one), Postgres answering, and the lifetime invariant holding for the
-//     stream's current MaxAge and every registered consumer.
+//     good is one), Postgres answering, the lifetime invariant holding for the
+//     stream's current MaxAge and every registered consumer, and, where the log
+//     relay runs, its slot neither lost nor holding more WAL than
+//     RelayConfig.MaxSlotLag.
 //   - A worker with an ingress takes HTTP requests, and a request needs Postgres
 //     only: its intent waits in the outbox while the broker is away. So it stays
 //     ready through a broker outage, which is the outage the outbox exists to
@@ -79,6 +83,11 @@ func (w *Worker) Ready(ctx context.Context) []string {
 	// names and numbers the operators configured.
 	if err := w.keeper.Health(); err != nil {
 		problems = append(problems, err.Error())
+	}
+	// A slot past its lag bound is the database's danger, not the broker's: its
+	// WAL fills Postgres' disk, whatever the roles.
+	if problem := w.slotHealth(ctx); problem != "" {
+		problems = append(problems, problem)
 	}
 	if w.ingress == nil {
 		if st, _ := w.broker.state(); st != nats.CONNECTED {
@@ -116,4 +125,26 @@ func (w *Worker) brokerProblems() []string {
 		}
 	}
 	return problems
+}
+
+// slotHealth is what keeps a worker running the log relay from being ready: its
+// slot lost, or holding more WAL than RelayConfig.MaxSlotLag (the relays are that
+// far behind the outbox).
+func (w *Worker) slotHealth(ctx context.Context) string {
+	if w.logRelay == nil {
+		return ""
+	}
+	r, err := relay.ReadState(ctx, w.pool, w.inst.Store(), w.inst.Schema())
+	switch {
+	case err != nil:
+		w.log.WarnContext(ctx, "readiness: reading the relay's slot failed", "err", err)
+		return "relay: its slot cannot be read"
+	case r.Mode != relay.ModeLog:
+		return ""
+	case r.SlotLost:
+		return fmt.Sprintf("relay: slot %s lost WAL it needed (max_slot_wal_keep_size)", r.Slot)
+	case r.SlotLagBytes > w.cfg.Relay.MaxSlotLag:
+		return fmt.Sprintf("relay: slot %s holds %d bytes of WAL, more than Relay.MaxSlotLag %d: the log relay is behind", r.Slot, r.SlotLagBytes, w.cfg.Relay.MaxSlotLag)
+	}
+	return ""
 }

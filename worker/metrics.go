@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/internal/buildinfo"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/relay"
 )
 
 // metrics are the worker's Prometheus instruments, all prefixed idem_. They are fed
@@ -168,7 +169,7 @@ func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
 			m.reconcile.WithLabelValues(string(o))
 		}
 	}
-	for _, q := range []string{scrapeBacklog, scrapeReconcile, scrapeJetStream, scrapeDeadLetters} {
+	for _, q := range []string{scrapeBacklog, scrapeReconcile, scrapeJetStream, scrapeDeadLetters, scrapeRelay} {
 		m.scrapeErr.WithLabelValues(q)
 	}
 	bi := buildinfo.Read()
@@ -202,6 +203,7 @@ const (
 	scrapeReconcile   = "reconcile_status"
 	scrapeJetStream   = "jetstream_consumers"
 	scrapeDeadLetters = "dead_letters"
+	scrapeRelay       = "relay_slot"
 )
 
 var (
@@ -217,6 +219,8 @@ var (
 	descDead     = prometheus.NewDesc("idem_dead_letters", "Dead letters not yet replayed, by consumer (the relay's under \"(relay)\").", []string{"consumer"}, nil)
 	descHeld     = prometheus.NewDesc("idem_collector_clock_held", "1 while the collector holds because the database's clock jumped ahead of the worker's: no expired row is deleted, no partition dropped.", nil, nil)
 	descBehind   = prometheus.NewDesc("idem_consumer_behind", "1 while the durable consumer falls behind: its lag has not reached 0 for a minute and exceeds what it finished in that minute, by consumer.", []string{"consumer"}, nil)
+	descSlotLag  = prometheus.NewDesc("idem_relay_slot_lag_bytes", "WAL the log relay's replication slot holds: written since the position the relay last confirmed (present while the log relay publishes the outbox).", nil, nil)
+	descSlotUp   = prometheus.NewDesc("idem_relay_slot_active", "1 while a log relay streams the slot (present while the log relay publishes the outbox).", nil, nil)
 	descSkew     = prometheus.NewDesc("idem_collector_clock_skew_seconds", "How far the database's clock ran ahead of the worker's monotonic clock between the collector's last two rounds (negative: behind).", nil, nil)
 	descNATSUp   = prometheus.NewDesc("idem_nats_connected", "1 while the worker's NATS connection is connected; 0 while it is disconnected, reconnecting or closed.", nil, nil)
 	descNATSAway = prometheus.NewDesc("idem_nats_disconnected_seconds", "How long the worker's NATS connection has been away from the broker (0 while connected).", nil, nil)
@@ -224,7 +228,8 @@ var (
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead, descHeld, descSkew, descBehind, descNATSUp, descNATSAway, descNATSRe} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead, descHeld, descSkew, descBehind, descSlotLag, descSlotUp,
+		descNATSUp, descNATSAway, descNATSRe} {
 		ch <- d
 	}
 }
@@ -279,6 +284,14 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descOldestUn, s.OldestUnprovenAge.Seconds())
 		gauge(descRedriven, float64(s.Redriven))
 		gauge(descAlerted, float64(s.Alerted))
+	}
+	if w.relay != nil {
+		if r, err := relay.ReadState(ctx, w.pool, w.inst.Store(), w.inst.Schema()); err != nil {
+			failed(scrapeRelay, err)
+		} else if r.Mode == relay.ModeLog {
+			gauge(descSlotLag, float64(r.SlotLagBytes))
+			gauge(descSlotUp, b2f(r.SlotActive))
+		}
 	}
 	if js, err := ops.ReadJetStream(ctx, w.js, w.inst.Stream().Name); err != nil {
 		failed(scrapeJetStream, err)

@@ -123,6 +123,8 @@ func newCollector(inst *install.Installation, cfg RetentionConfig, keyLifetime t
 		{name: string(partition.Inbox), sql: st.Inbox.Collect, defaultSQL: st.Inbox.CollectIn(partition.DefaultPartition(schema, partition.Inbox))},
 		{name: "idem_requests", sql: st.Requests.Collect},
 		{name: string(partition.Outbox), sql: st.Outbox.Collect, defaultSQL: st.Outbox.CollectIn(partition.DefaultPartition(schema, partition.Outbox))},
+		{name: "idem_outbox_published", sql: st.Published.Collect,
+			args: func(c RetentionConfig) []any { return []any{c.Published} }},
 		{name: "idem_attempts", sql: st.Attempts.Collect},
 		{name: "idem_dead_letters", sql: st.DeadLetters.Collect,
 			args: func(c RetentionConfig) []any { return []any{c.deadLetterRetention()} }},

@@ -50,7 +50,8 @@ type Worker struct {
 	outbox    *outbox.Outbox
 	ingress   *producer.Middleware
 	consumers []*consumer.Consumer
-	relay     *relay.Relay
+	relay     *relay.Relay    // the polling relay: alone, or beside the log relay
+	logRelay  *relay.LogRelay // nil unless the log relay runs (chooseRelay)
 	reconcile *reconcile.Reconciler
 	keeper    *streamKeeper
 	broker    *brokerWatch
@@ -182,6 +183,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := w.chooseRelay(ctx); err != nil {
+		return err
+	}
 	filters := map[string]string{}
 	for _, c := range w.consumers {
 		filters[c.Config().Name] = c.Config().Subject
@@ -208,6 +212,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if w.relay != nil {
 		comps = append(comps, component{"relay", w.relay.Run})
+	}
+	if w.logRelay != nil {
+		comps = append(comps, component{"log relay", func(ctx context.Context) error {
+			defer w.inst.Waker().ByLog(false) // the Outboxes of this process wake relays again
+			return w.logRelay.Run(ctx)
+		}})
 	}
 	if w.reconcile != nil {
 		comps = append(comps, component{"reconciler", w.reconcile.Run})

@@ -59,9 +59,15 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&o.WatermillDir, "watermill-dir", o.WatermillDir, "watermill-http: the peer's module directory, relative to where the bench runs (built with go build, then run)")
 	fs.Float64Var(&o.DupDrop, "dup-drop", o.DupDrop, "e2e-dup: fraction of committed batches whose acks are dropped")
 	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", o.DupAckWait, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
+	fs.StringVar(&o.Relay, "relay", "", "idem's relay in relay, e2e, e2e-dup, e2e-durability and e2e-http: log, poll, or empty for what the worker chooses (log where wal_level = logical and the role may replicate); atomic publish and ordered subjects always poll")
 	fs.StringVar(&c.child, "child", "", "internal: run one scenario and print its results as JSON on stdout")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	switch o.Relay {
+	case "", "log", "poll":
+	default:
+		return c, fmt.Errorf("-relay %q: want log, poll or empty", o.Relay)
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q (flags only; see -h)", fs.Arg(0))

@@ -401,7 +401,8 @@ CROSS JOIN LATERAL (SELECT date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME Z
                            - interval '10 days' + (g::float8 / ($3::float8 + 1)) * interval '10 days' + interval '1 second' AS e) AS x`
 )
 
-// claims measures n claims of one fresh key each, in their own transactions.
+// claims measures n claims and settlements of one fresh key each, in their own
+// transactions.
 func (s *scratch) claims(ctx context.Context, n int, tag string) (p50, p99 float64, err error) {
 	lat := make([]time.Duration, 0, n)
 	for i := range n {
@@ -412,7 +413,11 @@ func (s *scratch) claims(ctx context.Context, n int, tag string) (p50, p99 float
 		key := fmt.Sprintf("claim-%s-%d", tag, i)
 		t0 := time.Now()
 		id := dedupe.ID{Key: key, Message: "bench.claim"}
-		v, err := s.inbox.Claim(ctx, tx, "bench", []dedupe.Claim{{Key: key, Message: id.Message, Payload: []byte(key)}}, time.Hour)
+		cl := dedupe.Claim{Key: key, Message: id.Message, Payload: []byte(key)}
+		v, err := s.inbox.Claim(ctx, tx, "bench", []dedupe.Claim{cl})
+		if err == nil && v[id] == dedupe.Fresh {
+			err = s.inbox.Settle(ctx, tx, "bench", []dedupe.Settlement{{Claim: cl}}, time.Hour)
+		}
 		lat = append(lat, time.Since(t0))
 		if err != nil {
 			tx.Rollback(ctx) //nolint:errcheck

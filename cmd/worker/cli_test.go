@@ -85,7 +85,7 @@ func TestEachCommandTakesOnlyItsFlags(t *testing.T) {
 	// The service takes every flag of old, the subcommands' own flags aside.
 	for _, f := range slices.Concat(db, nats, []string{"http-addr", "smtp-url", "smtp-addr", "smtp-ca", "smtp-from", "console", "console-token",
 		"console-token-file", "console-user", "console-password", "console-password-file", "console-allow-plain-http", "pay-page", "metrics-addr", "stream-replicas",
-		"log-format", "log-level", "shutdown-timeout", "trace", "roles", "no-migrate", "ack-wait", "group-commit", "atomic-publish", "reconcile-after", "version"}) {
+		"log-format", "log-level", "shutdown-timeout", "trace", "roles", "no-migrate", "ack-wait", "group-commit", "atomic-publish", "relay", "reconcile-after", "version"}) {
 		if !service[f] {
 			t.Errorf("the service lacks --%s", f)
 		}

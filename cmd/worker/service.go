@@ -51,6 +51,7 @@ type serviceOptions struct {
 	groupCommit      string
 	noMigrate        bool
 	atomicPublish    bool
+	relay            string
 	// The files the console's secrets may be read from instead (secrets.go).
 	consoleTokenFile, consolePasswordFile string
 	// otelTracesExporter is OTEL_TRACES_EXPORTER, which --trace defers to when empty.
@@ -101,6 +102,8 @@ func (o *serviceOptions) flags(fs *flagSet) {
 		"empty or 0 is accepted, any other value is refused (env IDEM_GROUP_COMMIT)")
 	fs.boolVar(&o.atomicPublish, "atomic-publish", "IDEM_ATOMIC_PUBLISH", anyValue, "the relay publishes each batch as one JetStream atomic batch, one PubAck (and with fsync on every write one fsync) per batch; "+
 		"the stream the worker creates allows it; an existing stream that does not makes the relay publish message by message, with a warning; needs nats-server 2.12 or later (env IDEM_ATOMIC_PUBLISH)")
+	fs.stringVar(&o.relay, "relay", "IDEM_RELAY", "", "which relay publishes the outbox: log (reads committed rows from a logical replication slot: wal_level = logical and a role that may replicate), "+
+		"poll (claims pending rows), or empty for log where it can run, else poll; the worker logs which and why at start (env IDEM_RELAY)")
 	fs.stringVar(&o.reconcileAfter, "reconcile-after", "IDEM_RECONCILE_AFTER", "", "how long a published intent may stay unsettled by a consumer before the reconciler looks for it in the stream and re-drives it if lost; "+
 		"off runs the relay without a reconciler (env IDEM_RECONCILE_AFTER; default 5m)")
 	o.src = fs.src
@@ -204,6 +207,12 @@ func newServiceConfig(o *serviceOptions) (serviceConfig, error) {
 		return c, usageError{err}
 	}
 	c.app.Relay.AtomicPublish, c.app.Stream.AllowAtomicPublish = o.atomicPublish, o.atomicPublish
+	switch o.relay {
+	case "", "log", "poll":
+		c.app.Relay.Mode = o.relay
+	default:
+		return c, usagef("--relay (IDEM_RELAY) is log, poll or empty, not %q", o.relay)
+	}
 	if c.trace, err = traceExporter(o.trace, o.otelTracesExporter); err != nil {
 		return c, err
 	}

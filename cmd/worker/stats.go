@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/relay"
 )
 
 const statsUsage = `usage: worker stats [flags]
@@ -202,6 +203,42 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
+// relayLine says which relay publishes the outbox and, for the log relay, how far
+// behind its slot is.
+func relayLine(r relay.State) string {
+	if r.Mode != relay.ModeLog {
+		line := "polling (claims pending rows)"
+		if r.SlotExists {
+			line += fmt.Sprintf("; slot %s still exists and keeps %s of WAL", r.Slot, bytesHuman(r.SlotLagBytes))
+		}
+		return line
+	}
+	switch {
+	case !r.SlotExists:
+		return fmt.Sprintf("log, slot %s: missing (the next log relay to start makes it and hands what it never published to the polling relay)", r.Slot)
+	case r.SlotLost:
+		return fmt.Sprintf("log, slot %s: LOST, it needed WAL Postgres removed (max_slot_wal_keep_size); the next log relay to start makes it anew", r.Slot)
+	}
+	reading := "no relay reads it"
+	if r.SlotActive {
+		reading = "a relay reads it"
+	}
+	return fmt.Sprintf("log, slot %s: %s, %s behind (WAL since the position last confirmed)", r.Slot, reading, bytesHuman(r.SlotLagBytes))
+}
+
+// bytesHuman is n bytes for a reader.
+func bytesHuman(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
 func writeStats(w io.Writer, out statsOutput) {
 	st := out.Stats
 	p := &printer{w: w, now: st.AsOf}
@@ -225,6 +262,7 @@ func writeStats(w io.Writer, out statsOutput) {
 		backlog += fmt.Sprintf("; oldest pending waits %s", human(time.Duration(ob.OldestPendingAgeSeconds*float64(time.Second))))
 	}
 	row("outbox", backlog)
+	row("relay", relayLine(st.Relay))
 	d := st.Delivery
 	delivery := fmt.Sprintf("%d published but not yet consumed by every consumer (%d lagging, %d unrouted)", d.Unproven, d.Lagging, d.Unrouted)
 	if d.Unproven > 0 {

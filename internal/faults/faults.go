@@ -77,6 +77,22 @@ const (
 	// letter of a key as its settlement, the one a replay replays included.
 	OldDeadLettersProve Point = "reconcile.old-dead-letters-prove"
 
+	// The switches below are the negative controls of the log relay: each brings
+	// back one way it would lose a row it was given.
+
+	// ConfirmOnRead is a switch: armed, the log relay confirms each transaction's
+	// position to the slot as soon as it has read and sent it, before its PubAcks
+	// came: a crash (or a broker that drops the publishes) then loses its rows.
+	ConfirmOnRead Point = "relay.confirm-on-read"
+	// SkipSlotHandOver is a switch: armed, a log relay that makes its slot anew
+	// does not hand the rows no window holds to the polling relay: what the old
+	// slot never published stays unpublished.
+	SkipSlotHandOver Point = "relay.skip-slot-hand-over"
+	// TemporarySlot is a switch: armed, the log relay makes a temporary slot,
+	// which Postgres drops when the relay's session ends or the server restarts,
+	// and starts each session from the server's current position.
+	TemporarySlot Point = "relay.temporary-slot"
+
 	// MarkedMessages is a switch: armed, a handler about to run a message that
 	// carries the header MarkHeader fails the way the header says — "panic" panics
 	// inside the handler call (a handler's bug), "kill" SIGKILLs the process there
@@ -94,7 +110,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, MarkedMessages, IgnoreClosedConnection}
+	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -174,7 +190,8 @@ func Parse(spec string) (*Set, error) {
 
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
-	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true, IgnoreClosedConnection: true}
+	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true,
+	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
 // for "panic" and kills the process for "kill". Call it where the handler runs.

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/internal/relay"
 )
 
 // CountsFunc reads an application's totals (payments, orders, ledger entries),
@@ -39,6 +40,8 @@ type Stats struct {
 	DeadLetters DeadLetterStats     `json:"dead_letters"`
 	// Counts are the application's totals, read by Config.Counts (empty without it).
 	Counts []Count `json:"counts"`
+	// Relay is which relay publishes the outbox and, for the log relay, its slot.
+	Relay relay.State `json:"relay"`
 	// JetStream is left nil by Stats; set it from ReadJetStream to report both.
 	JetStream *JetStreamStats `json:"jetstream,omitempty"`
 }
@@ -110,6 +113,9 @@ func (r *Reader) Stats(ctx context.Context) (*Stats, error) {
 			s.Outbox.OldestPendingAgeSeconds = max(b.OldestAge, 0).Seconds()
 		}
 		if s.Delivery, err = reconcile.ReadStatus(ctx, tx, r.cfg.Schema); err != nil {
+			return fmt.Errorf("ops: stats: %w", err)
+		}
+		if s.Relay, err = relay.ReadState(ctx, tx, r.st, r.cfg.Schema); err != nil {
 			return fmt.Errorf("ops: stats: %w", err)
 		}
 		if s.Consumers, err = registry.Registered(ctx, tx, r.cfg.Schema); err != nil {

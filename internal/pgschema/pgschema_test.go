@@ -20,6 +20,7 @@ func TestQualify(t *testing.T) {
 		{"orders", "SELECT my_idem_outbox FROM t", "SELECT my_idem_outbox FROM t"},
 		{"orders", `SELECT 1 FROM "x".idem_outbox`, `SELECT 1 FROM "x".idem_outbox`},
 		{"orders", "SELECT 1 FROM x.idem_outbox", "SELECT 1 FROM x.idem_outbox"},
+		{"orders", "WHERE oid = 'idem_inbox'::regclass", `WHERE oid = '"orders".idem_inbox'::regclass`},
 	} {
 		if got := pgschema.Qualify(tc.schema, tc.in); got != tc.want {
 			t.Errorf("Qualify(%q, %q) = %q, want %q", tc.schema, tc.in, got, tc.want)

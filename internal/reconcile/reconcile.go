@@ -168,20 +168,23 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	if err != nil {
 		return total, err
 	}
-	var after int64
-	for {
-		// The stream's state is read afresh for each batch: a row re-published
-		// since the last read must not look beyond the stream's end.
-		s := &streamView{js: r.js, name: r.stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation)}
-		rep, last, err := r.batch(ctx, consumers, s, after)
-		total.add(rep)
-		if err != nil {
-			return total, err
+	// The polling relay's published rows, then the log relay's windows.
+	for _, load := range []loader{r.loadPolled, r.loadLogged} {
+		var after int64
+		for {
+			// The stream's state is read afresh for each batch: a row re-published
+			// since the last read must not look beyond the stream's end.
+			s := &streamView{js: r.js, name: r.stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation)}
+			rep, last, err := r.batch(ctx, consumers, s, load, after)
+			total.add(rep)
+			if err != nil {
+				return total, err
+			}
+			if last == 0 {
+				break
+			}
+			after = last
 		}
-		if last == 0 {
-			break
-		}
-		after = last
 	}
 	for outcome, n := range map[idem.Outcome]int{idem.OutcomeCompleted: total.Completed, idem.OutcomeLagging: total.Lagging,
 		idem.OutcomeUnrouted: total.Unrouted, idem.OutcomeRedriven: total.Redriven, idem.OutcomeAlerted: total.Alerted} {
@@ -208,11 +211,17 @@ type unproven struct {
 	due               bool                // published at least After ago
 	lookInStream      bool                // not looked for in the stream for After
 	expected, missing []registry.Consumer // who should settle it; who has not
+	window            int64               // the log relay's window that holds it (0: the polling relay's row)
 }
 
-// batch judges up to BatchSize rows with ids above after, in one transaction, and
-// returns the last id it saw (0 when there were none).
-func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s *streamView, after int64) (Report, int64, error) {
+// A loader loads, in tx, the next batch of rows to judge: those after the cursor
+// after, with the cursor the next batch starts from (0: none left), and the log
+// relay's windows the batch covers (whose rows, all of them, it loaded).
+type loader func(ctx context.Context, tx pgx.Tx, after int64) (rows []*unproven, next int64, windows []int64, err error)
+
+// batch judges the next batch load gives, in one transaction, and returns the
+// cursor of the next (0 when there was none).
+func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s *streamView, load loader, after int64) (Report, int64, error) {
 	var rep Report
 	tx, err := r.pool.Begin(ctx)
 	if err != nil {
@@ -220,8 +229,8 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // a no-op after Commit
 
-	rows, err := r.load(ctx, tx, after)
-	if err != nil || len(rows) == 0 {
+	rows, next, windows, err := load(ctx, tx, after)
+	if err != nil || next == 0 {
 		return rep, 0, err
 	}
 	rep.Checked = len(rows)
@@ -321,6 +330,11 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 			return rep, 0, fmt.Errorf("reconcile: alert: %w", err)
 		}
 	}
+	if proven := provenWindows(windows, rows, complete, redriveIDs, alertIDs); len(proven) > 0 {
+		if _, err := tx.Exec(ctx, r.st.Published.Prove, proven); err != nil {
+			return rep, 0, fmt.Errorf("reconcile: prove windows: %w", err)
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return rep, 0, fmt.Errorf("reconcile: commit: %w", err)
 	}
@@ -331,13 +345,43 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 	}
 	rep.Completed, rep.Lagging, rep.Unrouted, rep.Redriven = len(complete), len(lag), len(unrouted), redriven
 	rep.Alerted = countDistinct(alertIDs)
-	return rep, rows[len(rows)-1].id, nil
+	return rep, next, nil
 }
 
-func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unproven, error) {
+// provenWindows are the windows none of whose rows is left to judge: every row
+// loaded for them was proven complete, re-driven (the polling relay's from now
+// on) or given up on.
+func provenWindows(windows []int64, rows []*unproven, done ...[]int64) []int64 {
+	if len(windows) == 0 {
+		return nil
+	}
+	settled := map[int64]bool{}
+	for _, ids := range done {
+		for _, id := range ids {
+			settled[id] = true
+		}
+	}
+	open := map[int64]bool{}
+	for _, u := range rows {
+		if !settled[u.id] {
+			open[u.window] = true
+		}
+	}
+	var proven []int64
+	for _, w := range windows {
+		if !open[w] {
+			proven = append(proven, w)
+		}
+	}
+	return proven
+}
+
+// loadPolled loads the polling relay's published, unproven rows after the id
+// after, BatchSize of them; the next cursor is the last one's id.
+func (r *Reconciler) loadPolled(ctx context.Context, tx pgx.Tx, after int64) ([]*unproven, int64, []int64, error) {
 	rs, err := tx.Query(ctx, r.st.Outbox.Unproven, r.stream, after, r.cfg.After, r.cfg.BatchSize)
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: load: %w", err)
+		return nil, 0, nil, fmt.Errorf("reconcile: load: %w", err)
 	}
 	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (*unproven, error) {
 		u := &unproven{}
@@ -347,9 +391,47 @@ func (r *Reconciler) load(ctx context.Context, tx pgx.Tx, after int64) ([]*unpro
 		return u, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: load: %w", err)
+		return nil, 0, nil, fmt.Errorf("reconcile: load: %w", err)
 	}
-	return out, nil
+	if len(out) == 0 {
+		return nil, 0, nil, nil
+	}
+	return out, out[len(out)-1].id, nil, nil
+}
+
+// windowsPerBatch is how many of the log relay's windows one batch judges: a
+// window holds at most the relay's BatchSize rows.
+const windowsPerBatch = 4
+
+// loadLogged loads the log relay's unproven windows after the window after, and
+// their rows still to judge; the next cursor is the last window's id.
+func (r *Reconciler) loadLogged(ctx context.Context, tx pgx.Tx, after int64) ([]*unproven, int64, []int64, error) {
+	rs, err := tx.Query(ctx, r.st.Published.Unproven, r.stream, after, windowsPerBatch)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("reconcile: load windows: %w", err)
+	}
+	windows, err := pgx.CollectRows(rs, pgx.RowTo[int64])
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("reconcile: load windows: %w", err)
+	}
+	if len(windows) == 0 {
+		return nil, 0, nil, nil
+	}
+	rs, err = tx.Query(ctx, r.st.Published.Rows, windows, r.cfg.After)
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("reconcile: load: %w", err)
+	}
+	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (*unproven, error) {
+		u := &unproven{}
+		var age float64
+		err := row.Scan(&u.id, &u.key, &u.subject, &u.message, &u.msgID, &u.replayFor, &u.seq, &u.generation, &u.written, &age, &u.due, &u.lookInStream, &u.window)
+		u.age = time.Duration(age * float64(time.Second))
+		return u, err
+	})
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("reconcile: load: %w", err)
+	}
+	return out, windows[len(windows)-1], windows, nil
 }
 
 // settle fills each row's expected and missing consumers: who should see it, and

@@ -78,6 +78,11 @@ type Config struct {
 	// published message by message; a stream that does not allow it turns it off,
 	// with a warning. BatchSize may not exceed MaxAtomicBatch. Default: off.
 	AtomicPublish bool
+	// BehindLog runs the polling relay beside a LogRelay, for the rows that are its
+	// own then (handed over, re-driven, or written before the log relay took
+	// over): the installation's Outboxes, whose new rows the log relay publishes,
+	// do not wake it; LogRelay's hand-overs do (Wake), and NOTIFYs and the poll.
+	BehindLog bool
 }
 
 func (c Config) withDefaults() Config {
@@ -148,6 +153,9 @@ type Relay struct {
 	lockSalt  string
 	// atomicOff is set once the stream refused atomic batches as disabled.
 	atomicOff atomic.Bool
+	// wake is Run's wake-up: the installation's Outboxes (unless BehindLog), its
+	// NOTIFYs, and Wake.
+	wake chan struct{}
 }
 
 // New returns a relay of inst's outbox, publishing to its stream: every publish
@@ -166,7 +174,8 @@ func New(inst *install.Installation, cfg Config) (*Relay, error) {
 	stream := inst.Stream().Name
 	r := &Relay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, log: inst.Logger().With("component", "relay"),
 		observe: inst.Observer(), st: inst.Store(), waker: inst.Waker(), channel: inst.Store().Outbox.Channel,
-		tracer: otelmsg.Tracer(inst.TracerProvider()), pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)}}
+		tracer: otelmsg.Tracer(inst.TracerProvider()), pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)},
+		wake: make(chan struct{}, 1)}
 	r.cfg.OrderedSubjects = append([]string(nil), cfg.OrderedSubjects...)
 	r.orderedRe, r.lockSalt = filterRegexps(r.cfg.OrderedSubjects), inst.Schema()+"."
 	return r, nil
@@ -177,8 +186,10 @@ func New(inst *install.Installation, cfg Config) (*Relay, error) {
 // nil, and so is the goroutine that listens for NOTIFYs.
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.stream)
-	wake := make(chan struct{}, 1)
-	defer r.waker.Attach(wake)()
+	wake := r.wake
+	if !r.cfg.BehindLog {
+		defer r.waker.Attach(wake)()
+	}
 	listenCtx, stopListen := context.WithCancel(ctx)
 	listening := make(chan struct{})
 	go func() {
@@ -202,6 +213,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-wake:
 		case <-ticker.C:
 		}
+	}
+}
+
+// Wake makes a running relay look for rows now.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default: // a wake-up is already pending
 	}
 }
 
@@ -356,18 +375,23 @@ func (r *Relay) relayBatch(ctx context.Context, claim claimFunc, publish publish
 	return len(ok.ids), full, nil
 }
 
-// traceBatch records the batch's send span, from start to now: one span per batch
+// traceBatch records the batch's send span, from start to now (traceSend).
+func (r *Relay) traceBatch(ctx context.Context, start time.Time, batch []outboxRow, failed map[int64]error) {
+	traceSend(ctx, r.tracer, r.stream, start, batch, failed)
+}
+
+// traceSend records a batch's send span, from start to now: one span per batch
 // (a span per message would cost more than the publish), linked to each message's
 // producer span, failed if any publish failed.
-func (r *Relay) traceBatch(ctx context.Context, start time.Time, batch []outboxRow, failed map[int64]error) {
+func traceSend(ctx context.Context, tracer trace.Tracer, stream string, start time.Time, batch []outboxRow, failed map[int64]error) {
 	dest := batch[0].subject
 	for _, o := range batch {
 		if o.subject != dest {
-			dest = r.stream // mixed subjects: name the stream
+			dest = stream // mixed subjects: name the stream
 			break
 		}
 	}
-	_, span := r.tracer.Start(ctx, otelmsg.SpanName(otelmsg.OpPublish, dest), trace.WithTimestamp(start),
+	_, span := tracer.Start(ctx, otelmsg.SpanName(otelmsg.OpPublish, dest), trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(otelmsg.Send(dest, len(batch))...))
 	defer span.End()
 	if !span.IsRecording() {
@@ -567,10 +591,7 @@ type epoch struct {
 	reconnects uint64
 }
 
-func (r *Relay) connEpoch() epoch {
-	nc := r.js.Conn()
-	return epoch{connected: nc.Status() == nats.CONNECTED, reconnects: nc.Stats().Reconnects}
-}
+func (r *Relay) connEpoch() epoch { return connEpochOf(r.js.Conn()) }
 
 // connectionLost reports publish errors that say the connection, not the row,
 // failed.
@@ -585,14 +606,8 @@ type errBadRow struct{ err error }
 func (e errBadRow) Error() string { return e.err.Error() }
 func (e errBadRow) Unwrap() error { return e.err }
 
-// brokerUp asks JetStream for the account's info, with a short deadline: whether
-// publishes that went unanswered say something about the broker or about the rows.
-func (r *Relay) brokerUp(ctx context.Context) bool {
-	ctx, cancel := context.WithTimeout(ctx, min(2*time.Second, r.cfg.PublishTimeout))
-	defer cancel()
-	_, err := r.js.AccountInfo(ctx)
-	return err == nil
-}
+// brokerUp asks JetStream whether it is up (see the function brokerUp).
+func (r *Relay) brokerUp(ctx context.Context) bool { return brokerUp(ctx, r.js, r.cfg.PublishTimeout) }
 
 func firstErr(failed map[int64]error) error {
 	for _, err := range failed {
@@ -611,7 +626,7 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, faile
 	rows := make([]outboxRow, 0, len(batch))
 	msgs := make([]*nats.Msg, 0, len(batch))
 	for _, o := range batch {
-		msg, err := r.message(o)
+		msg, err := messageOf(o)
 		if err != nil {
 			failed[o.id] = err
 			continue
@@ -643,10 +658,10 @@ func (r *Relay) publish(ctx context.Context, batch []outboxRow) (ok acked, faile
 	return aok, failed
 }
 
-// message is row o as the stream gets it: its stored headers, then the key, the
+// messageOf is row o as the stream gets it: its stored headers, then the key, the
 // Msg-Id, the enqueue time and the message's name, which no stored header may
-// override.
-func (r *Relay) message(o outboxRow) (*nats.Msg, error) {
+// override. Both relays send a row alike.
+func messageOf(o outboxRow) (*nats.Msg, error) {
 	msg := nats.NewMsg(o.subject)
 	var extra map[string]string
 	if len(o.headers) > 0 {

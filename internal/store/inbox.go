@@ -9,34 +9,36 @@ package store
 // idem_inbox_before_v5, which is empty once they have expired.
 
 const (
-	// The claim. ON CONFLICT DO NOTHING waits on a concurrent uncommitted claim of the
-	// same delivery, then skips it: exactly one transaction sees each as new.
+	// The settlement of deliveries a claim judged new (package dedupe): each
+	// delivery's one row, written done with its result in the effect's
+	// transaction. Nothing is written before the effect: the row is the claim and
+	// the settlement at once.
 	//
-	// The look-up of a row from before v5 is a LATERAL … LIMIT 1, one probe of
-	// idem_inbox_before_v5 per key: as a NOT EXISTS the planner may instead scan
-	// every such row of the consumer once per claim, which right after an upgrade
-	// is most of the inbox.
-	sqlInboxClaim = `
-INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, completed_at, expires_at)
-SELECT $1, k, m, f, 'done', now(), now() + $5::interval
-FROM unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS t(k, m, f, n)
-LEFT JOIN LATERAL (
-  SELECT true AS held FROM idem_inbox l WHERE l.consumer = $1 AND l.key = t.k AND l.message = '' LIMIT 1
-) AS e ON true
-WHERE e.held IS NULL
-ORDER BY n
-ON CONFLICT (consumer, key, message) DO NOTHING
-RETURNING key, message`
+	// On a plain inbox a plain INSERT: the primary key makes a concurrent settlement
+	// of the same delivery wait for the other transaction and then fail with a
+	// unique violation if it committed, so of two copies exactly one commits. No ON
+	// CONFLICT: a speculative insertion costs WAL and work for a conflict that is
+	// rare and is the caller's cue to roll back. The subquery inserts nothing once
+	// the table is partitioned (package partition converts it in place, under a
+	// running worker): there the primary key no longer makes a delivery unique, and
+	// the caller must learn the layout again and settle the partitioned way.
+	sqlInboxSettle = `
+INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, result, completed_at, expires_at)
+SELECT $1, k, m, f, 'done', r, now(), now() + $6::interval
+FROM unnest($2::text[], $3::text[], $4::bytea[], $5::bytea[]) WITH ORDINALITY AS t(k, m, f, r, n)
+WHERE (SELECT c.relkind FROM pg_class c WHERE c.oid = 'idem_inbox'::regclass) = 'r'
+ORDER BY n`
 
 	// A partitioned inbox (package partition) cannot enforce uniqueness with a
 	// unique index: Postgres's unique indexes on a partitioned table must contain
 	// the partition key, expires_at. So the claim takes a transaction-level
 	// advisory lock per (consumer, key) first, in one global order (no deadlock
-	// between two batches), and then inserts only the deliveries no partition has.
-	// The lock and the insert are two statements: under READ COMMITTED the
-	// insert's snapshot is taken after the lock was granted, so it sees a row that
-	// the lock's previous holder committed. The first statement reports the
-	// isolation level, which the claim checks.
+	// between two batches), and the settlement, under the same locks, inserts only
+	// the deliveries no partition has. The lock and the statements after it are
+	// separate statements: under READ COMMITTED each later statement's snapshot is
+	// taken after the lock was granted, so it sees a row that the lock's previous
+	// holder committed. The first statement reports the isolation level, which the
+	// claim checks.
 	sqlInboxClaimLock = `
 SELECT current_setting('transaction_isolation'), count(*)
 FROM (
@@ -47,21 +49,16 @@ FROM (
 	// The look-up of each delivery is a LATERAL … LIMIT 1, one index probe per
 	// partition, for the reason given at sqlLookup: as a NOT EXISTS the planner may
 	// turn it into an anti-join that reads every partition whole.
-	sqlInboxClaimPartitioned = `
-INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, completed_at, expires_at)
-SELECT $1, k, m, f, 'done', now(), now() + $5::interval
-FROM unnest($2::text[], $3::text[], $4::bytea[]) WITH ORDINALITY AS t(k, m, f, n)
+	sqlInboxSettlePartitioned = `
+INSERT INTO idem_inbox (consumer, key, message, fingerprint, status, result, completed_at, expires_at)
+SELECT $1, k, m, f, 'done', r, now(), now() + $6::interval
+FROM unnest($2::text[], $3::text[], $4::bytea[], $5::bytea[]) WITH ORDINALITY AS t(k, m, f, r, n)
 LEFT JOIN LATERAL (
   SELECT true AS held FROM idem_inbox i WHERE i.consumer = $1 AND i.key = t.k AND i.message IN (t.m, '') LIMIT 1
 ) AS e ON true
 WHERE e.held IS NULL
   AND current_setting('transaction_isolation') = 'read committed'
-ORDER BY n
-RETURNING key, message`
-
-	// One statement per delivery, pipelined in one round trip: a full primary-key
-	// equality has no plan but the index probe.
-	sqlInboxSetResult = `UPDATE idem_inbox SET result = $4 WHERE consumer = $1 AND key = $2 AND message = $3`
+ORDER BY n`
 
 	// One primary-key probe per delivery, whatever the planner believes about the
 	// table: LIMIT 1 keeps the subquery from being flattened into a join that could
@@ -200,15 +197,14 @@ DELETE FROM ONLY idem_inbox WHERE ctid = ANY(ARRAY(
 
 // Inbox is the SQL of idem_inbox, qualified for one schema.
 type Inbox struct {
-	Claim, ClaimLock, ClaimPartitioned, SetResult, Lookup, LeaseInsert, LeaseInsertPartitioned, LeaseInspect, LeaseTakeOver, LeaseExtend, LeaseStep, LeaseComplete, LeaseRelease, Settled, Inspect, Stats, Collect string
+	Settle, ClaimLock, SettlePartitioned, Lookup, LeaseInsert, LeaseInsertPartitioned, LeaseInspect, LeaseTakeOver, LeaseExtend, LeaseStep, LeaseComplete, LeaseRelease, Settled, Inspect, Stats, Collect string
 }
 
 func newInbox(q func(string) string) Inbox {
 	return Inbox{
-		Claim:                  q(sqlInboxClaim),
+		Settle:                 q(sqlInboxSettle),
 		ClaimLock:              q(sqlInboxClaimLock),
-		ClaimPartitioned:       q(sqlInboxClaimPartitioned),
-		SetResult:              q(sqlInboxSetResult),
+		SettlePartitioned:      q(sqlInboxSettlePartitioned),
 		Lookup:                 q(sqlInboxLookup),
 		LeaseInsert:            q(sqlInboxLeaseInsert),
 		LeaseInsertPartitioned: q(sqlInboxLeaseInsertPartitioned),

@@ -26,7 +26,7 @@ VALUES ($1, $2, $3, $4::text::jsonb, $5::bytea, NULLIF($6::text, ''))`
 	sqlOutboxClaim = `
 SELECT id, octet_length(payload) + octet_length(headers::text) + octet_length(key) + octet_length(msg_id)
 FROM idem_outbox
-WHERE published_at IS NULL AND dead_lettered_at IS NULL
+WHERE published_at IS NULL AND dead_lettered_at IS NULL AND relay IS NULL
   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
 ORDER BY id
 LIMIT $1
@@ -52,12 +52,12 @@ WHERE id = t.i`
 	// The relay drains in id order, so the lowest pending id is the row that has
 	// waited longest; the partial index idem_outbox_pending finds it at once.
 	sqlOutboxBacklog = `
-SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL),
+SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL AND relay IS NULL),
        o.created_at,
        COALESCE(EXTRACT(EPOCH FROM now() - o.created_at), 0)::float8
 FROM (SELECT 1) AS one
 LEFT JOIN LATERAL (
-  SELECT created_at FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL ORDER BY id LIMIT 1
+  SELECT created_at FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL AND relay IS NULL ORDER BY id LIMIT 1
 ) AS o ON true`
 
 	// A failed publish is charged to the row, which steps aside until its backoff
@@ -74,7 +74,7 @@ WHERE id = t.i`
 	sqlOutboxClaimUnordered = `
 SELECT id, octet_length(payload) + octet_length(headers::text) + octet_length(key) + octet_length(msg_id)
 FROM idem_outbox
-WHERE published_at IS NULL AND dead_lettered_at IS NULL
+WHERE published_at IS NULL AND dead_lettered_at IS NULL AND relay IS NULL
   AND (next_attempt_at IS NULL OR next_attempt_at <= now())
   AND NOT (subject ~ ANY($2::text[]))
 ORDER BY id
@@ -95,7 +95,7 @@ FOR UPDATE SKIP LOCKED`
 WITH heads AS MATERIALIZED (
   SELECT DISTINCT ON (subject) subject, id, next_attempt_at
   FROM idem_outbox
-  WHERE published_at IS NULL AND dead_lettered_at IS NULL AND subject ~ ANY($1::text[])
+  WHERE published_at IS NULL AND dead_lettered_at IS NULL AND relay IS NULL AND subject ~ ANY($1::text[])
   ORDER BY subject, id
 ), due AS MATERIALIZED (
   SELECT subject, id FROM heads
@@ -119,7 +119,7 @@ WHERE id IN (
   SELECT id FROM (
     SELECT id, bool_or(next_attempt_at > now()) OVER (PARTITION BY subject ORDER BY id) AS held
     FROM idem_outbox
-    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND subject = ANY($1::text[])
+    WHERE published_at IS NULL AND dead_lettered_at IS NULL AND relay IS NULL AND subject = ANY($1::text[])
   ) AS p
   WHERE NOT COALESCE(held, false)
   ORDER BY id
@@ -190,7 +190,7 @@ WITH missing AS (
   GROUP BY t.i
 )
 UPDATE idem_outbox o
-SET published_at = NULL, stream = NULL, stream_seq = NULL, next_attempt_at = NULL,
+SET published_at = NULL, stream = NULL, stream_seq = NULL, next_attempt_at = NULL, relay = NULL,
     generation = o.generation + 1, attempts = 0,
     msg_id = CASE WHEN o.generation > 0 AND position(chr(29) IN o.msg_id) = 0
                   THEN regexp_replace(o.msg_id, ' r[0-9]+$', '')
@@ -202,14 +202,23 @@ FROM missing
 WHERE o.id = missing.i
 RETURNING o.id`
 
-	// The reconciler's queue at one moment. Each count reads a partial index, so a
+	// The reconciler's queue at one moment: the polling relay's published rows
+	// not yet proven, and the log relay's rows in windows not yet proven. Each
+	// reads a partial index (the windows' queue, then their rows by id), so a
 	// scrape stays cheap however many completed rows the outbox keeps.
 	sqlOutboxStatus = `
-SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL),
-       COALESCE((SELECT EXTRACT(EPOCH FROM now() - created_at)::float8 FROM idem_outbox
-         WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL ORDER BY id LIMIT 1), 0),
-       (SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL AND reconciled = 'lag'),
-       (SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL AND reconciled = 'unrouted'),
+WITH u AS (
+  SELECT created_at, reconciled FROM idem_outbox
+  WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL
+  UNION ALL
+  SELECT o.created_at, o.reconciled FROM idem_outbox o
+  WHERE o.id IN (SELECT unnest(ids) FROM idem_outbox_published WHERE proven_at IS NULL)
+    AND o.relay = 'log' AND o.completed_at IS NULL AND o.alerted_at IS NULL AND o.dead_lettered_at IS NULL
+)
+SELECT (SELECT count(*) FROM u),
+       COALESCE((SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM u), 0),
+       (SELECT count(*) FROM u WHERE reconciled = 'lag'),
+       (SELECT count(*) FROM u WHERE reconciled = 'unrouted'),
        (SELECT count(*) FROM idem_outbox WHERE generation > 0),
        (SELECT count(*) FROM idem_outbox WHERE alerted_at IS NOT NULL)`
 
@@ -228,15 +237,47 @@ ORDER BY id`
 	// looked at its layout (partition.Convert), it finds no row in the parent
 	// itself and deletes nothing; the next round collects the default partition.
 	//
-	// Published rows, and rows the relay dead-lettered (their dead letter holds
-	// the message), once their retention has passed; never a pending row. With a
+	// Published rows, rows the relay dead-lettered (their dead letter holds the
+	// message) and the log relay's rows, once their retention has passed; never a
+	// pending row (a log relay's row has an expiry only once it is proven). With a
 	// reconciler a published row has no expiry until the reconciler proves it
 	// complete (or gives up on it, past every horizon): never deleted by age alone.
 	sqlOutboxCollect = `
 DELETE FROM ONLY idem_outbox WHERE ctid = ANY(ARRAY(
   SELECT ctid FROM ONLY idem_outbox
-  WHERE (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL) AND expires_at < now()
+  WHERE (published_at IS NOT NULL OR dead_lettered_at IS NOT NULL OR relay = 'log') AND expires_at < now()
   LIMIT $1 FOR UPDATE SKIP LOCKED))`
+
+	// The log relay hands rows over to the polling relay: a publish it could not
+	// complete with the broker up (a refusal, a lost PubAck) is charged to the row,
+	// which then takes the polling relay's path (backoff, MaxAttempts, dead letter).
+	sqlOutboxHandOver = `
+UPDATE idem_outbox
+SET relay = NULL, attempts = attempts + 1, last_error = t.e, next_attempt_at = now() + t.w
+FROM unnest($1::bigint[], $2::text[], $3::interval[]) AS t(i, e, w)
+WHERE id = t.i AND relay = 'log'`
+
+	// After a slot was lost (or dropped), the log relay's rows written before its
+	// new slot ($2) that no window holds were never published: they go to the
+	// polling relay, uncharged. Rows proven, given up on or dead-lettered are left.
+	// $1 the reason.
+	sqlOutboxHandOverUnpublished = `
+UPDATE idem_outbox o
+SET relay = NULL, last_error = $1
+WHERE o.relay = 'log' AND o.created_at < $2::timestamptz
+  AND o.completed_at IS NULL AND o.alerted_at IS NULL AND o.dead_lettered_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM idem_outbox_published w WHERE w.id_range @> o.id AND o.id = ANY(w.ids))`
+
+	// Which relay new rows belong to: the default of the relay column ('log' or
+	// none). ALTER TABLE waits for every transaction writing the outbox, so a row
+	// is either written before the change or after it.
+	sqlOutboxRelayDefault = `
+SELECT COALESCE(pg_get_expr(d.adbin, d.adrelid), '')
+FROM pg_attribute a
+LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+WHERE a.attrelid = 'idem_outbox'::regclass AND a.attname = 'relay'`
+	sqlOutboxRelayToLog  = `ALTER TABLE idem_outbox ALTER COLUMN relay SET DEFAULT 'log'`
+	sqlOutboxRelayToPoll = `ALTER TABLE idem_outbox ALTER COLUMN relay DROP DEFAULT`
 
 	// Counts: rows not yet published that failed a publish, and rows published.
 	sqlOutboxCounts = `
@@ -256,6 +297,8 @@ type Outbox struct {
 	Channel                                                                                                                                                                                 string
 	Notify                                                                                                                                                                                  string
 	Enqueue, EnqueueOne, Claim, Load, MarkPublished, Backlog, MarkFailed, ClaimUnordered, LockOrdered, ClaimOrdered, Unproven, Complete, Verdict, Redrive, Status, Inspect, Collect, Counts string
+	// The log relay's: its hand-overs to the polling relay, and which relay new rows belong to.
+	HandOver, HandOverUnpublished, RelayDefault, RelayToLog, RelayToPoll string
 }
 
 func newOutbox(q func(string) string, channel string) Outbox {
@@ -280,5 +323,11 @@ func newOutbox(q func(string) string, channel string) Outbox {
 		Inspect:        q(sqlOutboxInspect),
 		Collect:        q(sqlOutboxCollect),
 		Counts:         q(sqlOutboxCounts),
+
+		HandOver:            q(sqlOutboxHandOver),
+		HandOverUnpublished: q(sqlOutboxHandOverUnpublished),
+		RelayDefault:        q(sqlOutboxRelayDefault),
+		RelayToLog:          q(sqlOutboxRelayToLog),
+		RelayToPoll:         q(sqlOutboxRelayToPoll),
 	}
 }

@@ -20,6 +20,7 @@ import (
 type Store struct {
 	Requests    Requests
 	Outbox      Outbox
+	Published   Published
 	Inbox       Inbox
 	Attempts    Attempts
 	DeadLetters DeadLetters
@@ -35,7 +36,7 @@ const RelayConsumer = "(relay)"
 func New(schema string) *Store {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return &Store{
-		Requests: newRequests(q), Outbox: newOutbox(q, pgschema.Channel(schema, "idem_outbox")), Inbox: newInbox(q),
+		Requests: newRequests(q), Outbox: newOutbox(q, pgschema.Channel(schema, "idem_outbox")), Published: newPublished(q), Inbox: newInbox(q),
 		Attempts: newAttempts(q), DeadLetters: newDeadLetters(q), Consumers: newConsumers(q),
 	}
 }

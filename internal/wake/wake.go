@@ -13,6 +13,9 @@ import (
 type Waker struct {
 	mu     sync.Mutex
 	relays map[chan<- struct{}]struct{}
+	// byLog: a log relay of this process reads the commits from the slot; new
+	// rows need no wake-up.
+	byLog bool
 
 	// running is the NOTIFY being sent; next is the one that will be sent after it,
 	// shared by every caller that arrived while running was on its way (those
@@ -43,10 +46,29 @@ func (w *Waker) Attach(ch chan<- struct{}) (detach func()) {
 	}
 }
 
-// Local wakes the attached relays and reports whether there were any.
+// ByLog says that a log relay of this process publishes new rows (on), or no
+// longer does (off): while it does, Local wakes nobody and reports true.
+func (w *Waker) ByLog(on bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.byLog = on
+}
+
+// Logged reports whether a log relay of this process publishes new rows.
+func (w *Waker) Logged() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.byLog
+}
+
+// Local wakes the attached relays and reports whether there were any (or a log
+// relay of this process reads the commits itself).
 func (w *Waker) Local() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.byLog {
+		return true
+	}
 	for ch := range w.relays {
 		select {
 		case ch <- struct{}{}:

@@ -9,10 +9,13 @@
 package browserclient_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -27,18 +30,36 @@ import (
 
 // answer is one scripted response of the test server.
 type answer struct {
-	Status     int    `json:"status"`
-	RetryAfter string `json:"retryAfter"`
-	Location   string `json:"location"`
-	DelayMs    int    `json:"delayMs"`
-	Body       string `json:"body"`
+	Status      int    `json:"status"`
+	RetryAfter  string `json:"retryAfter"`
+	Location    string `json:"location"`
+	DelayMs     int    `json:"delayMs"`
+	Body        string `json:"body"`
+	ContentType string `json:"contentType"`
 }
 
-// scripted is the test server's endpoint: queued answers and the keys it saw.
+// request is what the test server saw of one request.
+type request struct {
+	Key           string `json:"key"`
+	Method        string `json:"method"`
+	ContentType   string `json:"contentType"`
+	Authorization string `json:"authorization"`
+	Test          string `json:"test"` // the X-Test header
+	Body          string `json:"body"`
+}
+
+// scripted is the test server's endpoint: queued answers, the requests it saw,
+// and how many it had in flight at once.
 type scripted struct {
-	mu      sync.Mutex
-	answers map[string][]answer
-	seen    map[string][]string
+	mu       sync.Mutex
+	answers  map[string][]answer
+	seen     map[string][]request
+	inFlight map[string]int
+	maxIn    map[string]int
+}
+
+func newScripted() *scripted {
+	return &scripted{answers: map[string][]answer{}, seen: map[string][]request{}, inFlight: map[string]int{}, maxIn: map[string]int{}}
 }
 
 func (s *scripted) routes(mux *http.ServeMux) {
@@ -54,20 +75,51 @@ func (s *scripted) routes(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("GET /seen/{name}", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
-		keys := append([]string{}, s.seen[r.PathValue("name")]...)
+		keys := []string{}
+		for _, q := range s.seen[r.PathValue("name")] {
+			keys = append(keys, q.Key)
+		}
 		s.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(keys)
+		writeJSON(w, keys)
+	})
+	mux.HandleFunc("GET /requests/{name}", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		rs := append([]request{}, s.seen[r.PathValue("name")]...)
+		s.mu.Unlock()
+		writeJSON(w, rs)
+	})
+	mux.HandleFunc("GET /inflight/{name}", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		n := s.maxIn[r.PathValue("name")]
+		s.mu.Unlock()
+		writeJSON(w, n)
 	})
 	mux.HandleFunc("/do/{name}", func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
+		if r.Method == http.MethodGet || r.Method == http.MethodOptions {
+			// A client's reachability probe (a no-cors GET), or a preflight the gate
+			// let through: no intent, no answer of the script.
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
 		s.mu.Lock()
-		s.seen[name] = append(s.seen[name], r.Header.Get("Idempotency-Key"))
+		s.seen[name] = append(s.seen[name], request{
+			Key: r.Header.Get("Idempotency-Key"), Method: r.Method, ContentType: r.Header.Get("Content-Type"),
+			Authorization: r.Header.Get("Authorization"), Test: r.Header.Get("X-Test"), Body: string(body),
+		})
+		s.inFlight[name]++
+		s.maxIn[name] = max(s.maxIn[name], s.inFlight[name])
 		a := answer{Status: http.StatusOK, Body: `{"ok":true}`}
 		if q := s.answers[name]; len(q) > 0 {
 			a, s.answers[name] = q[0], q[1:]
 		}
 		s.mu.Unlock()
+		defer func() {
+			s.mu.Lock()
+			s.inFlight[name]--
+			s.mu.Unlock()
+		}()
 		if a.DelayMs > 0 {
 			select {
 			case <-r.Context().Done():
@@ -81,10 +133,15 @@ func (s *scripted) routes(mux *http.ServeMux) {
 		if a.Location != "" {
 			w.Header().Set("Location", a.Location)
 		}
-		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Type", cmp.Or(a.ContentType, "application/json"))
 		w.WriteHeader(a.Status)
 		_, _ = w.Write([]byte(a.Body))
 	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 // packageDir is clients/browser, the npm package.
@@ -99,18 +156,27 @@ func TestInBrowser(t *testing.T) {
 	t.Parallel()
 	ctx := browsertest.New(t)
 	mux := http.NewServeMux()
-	(&scripted{answers: map[string][]answer{}, seen: map[string][]string{}}).routes(mux)
+	endpoint := newScripted()
+	endpoint.routes(mux)
 	files := http.FileServerFS(os.DirFS(packageDir()))
 	mux.Handle("GET /src/", files)
 	mux.Handle("GET /test/browser/", files)
+	gate := browsertest.NewCORSGate(browsertest.CORSNone)
+	mux.HandleFunc("POST /cors/{mode}", func(w http.ResponseWriter, r *http.Request) {
+		gate.Set(browsertest.CORSMode(r.PathValue("mode")))
+	})
 	// 127.0.0.1 is a secure context, as Web Locks need.
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
+	// Another origin (another port) serving the same endpoint behind the gate.
+	other := httptest.NewServer(gate.Wrap(mux))
+	t.Cleanup(other.Close)
+	down := browsertest.ClosedOrigin(t)
 
-	tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	tctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	start := time.Now()
-	if err := chromedp.Do(tctx, chromedp.Navigate(srv.URL+"/test/browser/index.html")); err != nil {
+	if err := chromedp.Do(tctx, chromedp.Navigate(srv.URL+"/test/browser/index.html?"+url.Values{"other": {other.URL}, "down": {down}}.Encode())); err != nil {
 		t.Fatal(err)
 	}
 	type result struct {

@@ -168,12 +168,12 @@ func (r *run) settle(ctx context.Context, j journal) error {
 	return r.waitFor(ctx, r.cfg.settle, "the run to settle", func() (bool, string, error) {
 		var unpublished, charged, chargesInbox, emailsInbox, dead, unproven int
 		err := r.db.Pool.QueryRow(ctx, `
-SELECT (SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL),
+SELECT (SELECT count(*) FROM `+outboxView+` WHERE published_at IS NULL AND dead_lettered_at IS NULL),
        (SELECT count(DISTINCT idempotency_key) FROM ledger_entries WHERE idempotency_key = ANY($1)),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'charges'),
        (SELECT count(*) FROM idem_inbox WHERE consumer = 'emails' AND status = 'done'),
        (SELECT count(*) FROM idem_dead_letters),
-       (SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL)`,
+       (SELECT count(*) FROM `+outboxView+` WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL)`,
 			j.charges).Scan(&unpublished, &charged, &chargesInbox, &emailsInbox, &dead, &unproven)
 		if err != nil {
 			return false, "", err
@@ -247,7 +247,7 @@ func (r *run) quiesce(ctx context.Context) error {
 	quiet := 0
 	return r.waitFor(ctx, r.cfg.settle, "the run to come to rest (it cannot settle: it loses intents)", func() (bool, string, error) {
 		var unpublished int
-		if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM idem_outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL`).Scan(&unpublished); err != nil {
+		if err := r.db.Pool.QueryRow(ctx, `SELECT count(*) FROM `+outboxView+` WHERE published_at IS NULL AND dead_lettered_at IS NULL`).Scan(&unpublished); err != nil {
 			return false, "", err
 		}
 		var busy []string
@@ -366,7 +366,7 @@ func (r *run) check(ctx context.Context, j journal) (figures, error) {
 	// that fails while the broker is down costs nothing), so these are failures
 	// the relay blamed on the row. A row the reconciler re-drove was published
 	// once per generation, each publish counted in attempts.
-	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*), COALESCE(max(attempts), 0) FROM idem_outbox WHERE published_at IS NOT NULL AND attempts > generation + 1`).
+	if err := r.db.Pool.QueryRow(ctx, `SELECT count(*), COALESCE(max(attempts), 0) FROM `+outboxView+` WHERE published_at IS NOT NULL AND attempts > generation + 1`).
 		Scan(&f.relayCharged, &f.relayMostTries); err != nil {
 		return f, fmt.Errorf("read the outbox's attempts: %w", err)
 	}
@@ -689,3 +689,22 @@ func abbreviate(xs []string, n int) string {
 	}
 	return strings.Join(xs[:n], "; ") + fmt.Sprintf("; ... and %d more", len(xs)-n)
 }
+
+// outboxView is idem_outbox as the checker reads it, whichever relay published a
+// row: published_at, stream and stream_seq are where the polling relay marked it
+// published, or where the log relay's window (idem_outbox_published) says the
+// stream put it. The log relay never marks a row.
+const outboxView = outboxRows + ` AS idem_outbox`
+
+// outboxRows is outboxView without its name.
+const outboxRows = `(
+SELECT o.id, o.key, o.subject, o.msg_id, o.headers, o.payload, o.created_at, o.attempts, o.generation,
+       o.dead_lettered_at, o.completed_at, o.alerted_at, o.expires_at, o.relay, o.message_name,
+       COALESCE(o.published_at, w.published_at) AS published_at,
+       COALESCE(o.stream, w.stream) AS stream, COALESCE(o.stream_seq, w.seq) AS stream_seq
+FROM idem_outbox o
+LEFT JOIN LATERAL (
+  SELECT w.published_at, w.stream, s.seq FROM idem_outbox_published w, unnest(w.ids, w.seqs) AS s(id, seq)
+  WHERE o.relay = 'log' AND w.id_range @> o.id AND s.id = o.id
+  ORDER BY w.id LIMIT 1) AS w ON true
+)`

@@ -365,7 +365,7 @@ func redriveAfterExpiry(t *testing.T, negative bool) (idFigures, int, int) {
 	c2.hold()
 	w.loseMessages(w.seqsOf(`key = ANY($1)`, all))
 	w.waitCount("the reconciler to re-drive or alert every lost intent", len(all),
-		`SELECT count(*) FROM idem_outbox WHERE key = ANY($1) AND (alerted_at IS NOT NULL OR (generation > 0 AND published_at IS NOT NULL))`, all)
+		`SELECT count(*) FROM `+outboxView+` WHERE key = ANY($1) AND (alerted_at IS NOT NULL OR (generation > 0 AND published_at IS NOT NULL))`, all)
 	// charges forgets the keys, as its collector does once they expire.
 	w.exec(`UPDATE idem_inbox SET expires_at = now() - interval '1 second' WHERE consumer = 'charges'`)
 	forgot := w.exec(`DELETE FROM idem_inbox WHERE consumer = 'charges' AND expires_at < now()`)
@@ -477,10 +477,10 @@ func lostReplay(t *testing.T, negative bool) (idFigures, int) {
 		t.Fatalf("chaos: worker dead-letters replay replayed %d, want %d:\n%s", replayed, len(broken), out)
 	}
 	const replays = `key = ANY($1) AND headers ? 'Idem-Replay-For'`
-	w.waitCount("the replays to be published", len(broken), `SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND `+replays, broken)
+	w.waitCount("the replays to be published", len(broken), `SELECT count(*) FROM `+outboxView+` WHERE published_at IS NOT NULL AND `+replays, broken)
 	w.loseMessages(w.seqsOf(replays, broken))
 	w.waitCount("the reconciler to judge every replay", len(broken),
-		`SELECT count(*) FROM idem_outbox WHERE (completed_at IS NOT NULL OR (generation > 0 AND published_at IS NOT NULL)) AND `+replays, broken)
+		`SELECT count(*) FROM `+outboxView+` WHERE (completed_at IS NOT NULL OR (generation > 0 AND published_at IS NOT NULL)) AND `+replays, broken)
 	w.logf("replayed %d dead letters, the stream lost the replays; the reconciler judged them: %s", replayed, w.proofLine())
 	c1.release()
 	c2.release()

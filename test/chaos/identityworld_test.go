@@ -310,7 +310,7 @@ func (s *idSlot) startOne() (*proc, error) {
 	s.curFrom = s.logSize()
 	fmt.Fprintf(s.log, "=== chaos: idworker %s incarnation #%d IDEM_FAULTS=%s\n", s.name, s.incarnation, fspec)
 	args := append([]string{"run", "--database-url", s.db.URL, "--nats-url", s.w.nats.URL(),
-		"--stream", idStream, "--subjects", idSubjects, "--ack-wait", idAckWait.String()}, s.args...)
+		"--stream", idStream, "--subjects", idSubjects, "--ack-wait", idAckWait.String(), "--relay", relayMode()}, s.args...)
 	p, err := s.w.procs.start("idworker-"+s.name, s.log, nil, []string{faults.EnvVar + "=" + fspec}, idworkerBin, args...)
 	if err != nil {
 		return nil, err
@@ -603,7 +603,7 @@ func (w *idWorld) outboxState() (unpublishedFirst, unpublished, unproven int, er
 SELECT count(*) FILTER (WHERE published_at IS NULL AND dead_lettered_at IS NULL AND generation = 0),
        count(*) FILTER (WHERE published_at IS NULL AND dead_lettered_at IS NULL),
        count(*) FILTER (WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL)
-FROM idem_outbox`).Scan(&unpublishedFirst, &unpublished, &unproven)
+FROM `+outboxView).Scan(&unpublishedFirst, &unpublished, &unproven)
 	return
 }
 
@@ -850,7 +850,7 @@ func (f idFigures) problems() []string {
 // these keys.
 func (w *idWorld) seqsOf(where string, args ...any) []uint64 {
 	w.t.Helper()
-	rs, err := w.dbs[0].Pool.Query(w.ctx, `SELECT stream_seq FROM idem_outbox WHERE stream_seq IS NOT NULL AND `+where, args...)
+	rs, err := w.dbs[0].Pool.Query(w.ctx, `SELECT stream_seq FROM `+outboxView+` WHERE stream_seq IS NOT NULL AND `+where, args...)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -915,7 +915,7 @@ func (w *idWorld) publishedAtLeast(base, rows int) func() bool {
 	n := base + int(float64(rows)*(0.2+0.4*w.rng.Float64()))
 	return func() bool {
 		var c int
-		err := w.dbs[0].Pool.QueryRow(w.ctx, `SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL OR generation > 0`).Scan(&c)
+		err := w.dbs[0].Pool.QueryRow(w.ctx, `SELECT count(*) FROM `+outboxView+` WHERE published_at IS NOT NULL OR generation > 0`).Scan(&c)
 		return err == nil && c >= n
 	}
 }

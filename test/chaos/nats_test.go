@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -165,4 +166,13 @@ func (n *natsServer) down() {
 // the one an unconfigured server has).
 func (n *natsServer) streamMsgsDir(stream string) string {
 	return filepath.Join(n.storeDir, "jetstream", "$G", "streams", stream, "msgs")
+}
+
+// signal sends sig to the running nats-server: SIGSTOP pauses it, a broker that
+// stops answering with its connections open (crash kills it even so).
+func (n *natsServer) signal(sig syscall.Signal) {
+	n.mu.Lock()
+	p := n.p
+	n.mu.Unlock()
+	_ = p.cmd.Process.Signal(sig)
 }

@@ -232,7 +232,7 @@ func (r *run) copiesOfIntents(ctx context.Context, rng *rand.Rand, n int, tag st
 	var published []outboxRow
 	err := r.retryDB(ctx, "read outbox for copies", func(ctx context.Context) error {
 		published = published[:0]
-		rows, err := r.db.Pool.Query(ctx, `SELECT key, subject, payload FROM idem_outbox WHERE published_at IS NOT NULL ORDER BY id`)
+		rows, err := r.db.Pool.Query(ctx, `SELECT key, subject, payload FROM `+outboxView+` WHERE published_at IS NOT NULL ORDER BY id`)
 		if err != nil {
 			return err
 		}

@@ -237,3 +237,13 @@ func (ps *procs) firstLine(name, needle string) string {
 	}
 	return ""
 }
+
+// relayMode is the relay the workers run: the log relay, which the suite's own
+// Postgres (wal_level = logical, a superuser) allows, or the polling relay when the
+// suite runs its polling pass (IDEM_TEST_RELAY=poll, as make test does).
+func relayMode() string {
+	if os.Getenv("IDEM_TEST_RELAY") == "poll" {
+		return "poll"
+	}
+	return "log"
+}

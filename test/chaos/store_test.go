@@ -251,7 +251,7 @@ FROM idem_outbox o WHERE o.id = ANY($1)`, ids)
 	err = r.db.Pool.QueryRow(ctx, `
 SELECT (SELECT count(*) FROM idem_outbox WHERE generation > 0),
        (SELECT COALESCE(max(generation), 0) FROM idem_outbox),
-       (SELECT count(*) FROM idem_outbox WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL),
+       (SELECT count(*) FROM `+outboxView+` WHERE published_at IS NOT NULL AND completed_at IS NULL AND alerted_at IS NULL),
        (SELECT count(*) FROM idem_outbox WHERE alerted_at IS NOT NULL)`).Scan(&s.redriven, &s.maxGeneration, &s.unproven, &s.alerted)
 	if err != nil {
 		return fmt.Errorf("read the reconciler's counts: %w", err)

@@ -247,7 +247,7 @@ func (r *run) storeFault(ctx context.Context, e event) error {
 // letter).
 func (r *run) unsettledSince(ctx context.Context, since time.Time) ([]backlogRow, error) {
 	rs, err := r.db.Pool.Query(ctx, `
-SELECT o.id, o.key, o.subject, o.msg_id, o.stream_seq FROM idem_outbox o
+SELECT o.id, o.key, o.subject, o.msg_id, o.stream_seq FROM `+outboxRows+` AS o
 WHERE o.published_at > $1 AND o.stream = $2 AND o.stream_seq IS NOT NULL
   AND NOT EXISTS (SELECT 1 FROM idem_inbox i WHERE i.key = o.key AND i.status = 'done'
                   AND i.consumer = CASE o.subject WHEN $3 THEN $4 ELSE $5 END)

@@ -210,6 +210,7 @@ func (w *worker) start(faults string) (*proc, error) {
 		"--log-level", "debug", // duplicates folded and replays are logged at debug
 		"--shutdown-timeout", "5s",
 		"--ack-wait", ackWait.String(),
+		"--relay", relayMode(),
 	}
 	if w.r.cfg.cluster {
 		args = append(args, "--stream-replicas", strconv.Itoa(clusterSize))

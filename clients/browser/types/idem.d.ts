@@ -1,8 +1,11 @@
-export { IntentGoneError } from "./journal.js";
+export { keyAgeCodes } from "./answer.js";
 export { newKey } from "./key.js";
 export type ClientOptions = import("./client.js").ClientOptions;
 export type SubmitRequest = import("./client.js").SubmitRequest;
 export type Result = import("./client.js").Result;
 export type IntentStatus = import("./client.js").IntentStatus;
 export type IntentEvent = import("./client.js").IntentEvent;
+export type FailureCause = import("./journal.js").FailureCause;
+export type AnswerInfo = import("./retry.js").AnswerInfo;
 export { Client, defaults } from "./client.js";
+export { IntentGoneError, JournalUnavailableError } from "./journal.js";

@@ -1,13 +1,23 @@
 /**
- * Reports whether an HTTP status leaves the outcome open, so the same request is
- * sent again with the same key. 5xx: the server failed, perhaps before committing.
- * 409: the first arrival with this key is still running. 408, 425 and 429: the
- * server asks the client to come back. Any other status is the server's answer.
+ * What a server answered, as the retry decision sees it.
  *
- * @param {number} status
+ * @typedef {object} AnswerInfo
+ * @property {number} status the HTTP status
+ * @property {string} code the error code the body names ("" for none)
+ * @property {boolean} retryAfter the answer carried a Retry-After header
+ */
+/**
+ * Reports whether an answer leaves the outcome open, so the same request is sent
+ * again with the same key. 5xx: the server failed, perhaps before committing.
+ * 408, 425 and 429: the server asks the client to come back. 409 only when it
+ * says the first arrival with this key is still running (the in-progress code,
+ * or a Retry-After): any other 409 is an application's answer ("already
+ * exists", a version conflict), final like every other 4xx.
+ *
+ * @param {AnswerInfo} a
  * @returns {boolean}
  */
-export function retryable(status: number): boolean;
+export function retryable(a: AnswerInfo): boolean;
 /**
  * Reads a Retry-After header (RFC 9110): delay-seconds or an HTTP-date.
  * Anything else, a date in the past, and no header are 0: no hint.
@@ -18,11 +28,11 @@ export function retryable(status: number): boolean;
  */
 export function parseRetryAfter(value: string | null | undefined, nowMs: number): number;
 /**
- * The wait before retry number n (1-based), with full jitter: a uniformly random
- * time in [0, min(max, base·2^(n-1))], so clients that failed together do not come
- * back together. A server's Retry-After raises the wait to at least that long,
- * capped at max so one response cannot park the client for hours, with a little
- * jitter on top.
+ * The wait before retry number n (1-based) within one round of attempts, with
+ * full jitter: a uniformly random time in [0, min(max, base·2^(n-1))], so clients
+ * that failed together do not come back together. A server's Retry-After raises
+ * the wait to at least that long, with a little jitter on top; one longer than
+ * max ends the round instead (see nextStep).
  *
  * @param {number} n the retry's number, 1 for the first retry
  * @param {{base: number, max: number}} shape milliseconds
@@ -34,6 +44,43 @@ export function backoffDelay(n: number, shape: {
     base: number;
     max: number;
 }, retryAfterMs?: number, random?: () => number): number;
+/**
+ * What a round of attempts does after one that got no final answer: "retry"
+ * within the round after delay milliseconds, or "pause": the round ends, the
+ * intent stays pending, and the client sends it again by itself after delay
+ * (the server's Retry-After) or, when delay is 0, after its re-drive backoff
+ * (redriveDelay). A round pauses when its attempts are spent, and at once when
+ * the server asks for a wait longer than a round's backoff allows.
+ *
+ * @param {number} n the attempt's number within its round, 1-based
+ * @param {number} budget the round's attempts
+ * @param {{base: number, max: number}} shape the round's backoff, milliseconds
+ * @param {number} retryAfterMs the server's Retry-After, 0 for none
+ * @param {() => number} [random]
+ * @returns {{step: "retry" | "pause", delay: number}}
+ */
+export function nextStep(n: number, budget: number, shape: {
+    base: number;
+    max: number;
+}, retryAfterMs: number, random?: () => number): {
+    step: "retry" | "pause";
+    delay: number;
+};
+/**
+ * The wait before the client sends a paused intent again by itself: equal
+ * jitter, a uniformly random time in [c/2, c] with c = min(max, first·2^pauses),
+ * so a page left open through an outage comes back within max of the service's
+ * return, and never hammers it (at least first/2 apart).
+ *
+ * @param {number} pauses the pauses before this one, 0 for the first
+ * @param {{first: number, max: number}} shape milliseconds
+ * @param {() => number} [random]
+ * @returns {number} milliseconds
+ */
+export function redriveDelay(pauses: number, shape: {
+    first: number;
+    max: number;
+}, random?: () => number): number;
 /**
  * Says why a pending intent must not be sent again, or returns "" when it may.
  * The server remembers a key for a limited time from its first arrival, which is
@@ -53,3 +100,22 @@ export function expiry(createdAt: number, nowMs: number, lifetimeMs: number): st
  * zero: clock jitter, not a clock set back by hours.
  */
 export const clockSkewAllowanceMs: number;
+/** The server's code for "a request with this key is still running" (409). */
+export const inProgressCode: "idempotency_key_in_use";
+/**
+ * What a server answered, as the retry decision sees it.
+ */
+export type AnswerInfo = {
+    /**
+     * the HTTP status
+     */
+    status: number;
+    /**
+     * the error code the body names ("" for none)
+     */
+    code: string;
+    /**
+     * the answer carried a Retry-After header
+     */
+    retryAfter: boolean;
+};

@@ -155,6 +155,9 @@ func TestPrivateClusterLifecycle(t *testing.T) {
 	if got := query(t, url, "SHOW listen_addresses"); got != "127.0.0.1" {
 		t.Errorf("listen_addresses = %q, want loopback only", got)
 	}
+	if got := query(t, url, "SHOW wal_level"); got != "logical" {
+		t.Errorf("wal_level = %q, want logical: the worker's relay reads the log", got)
+	}
 
 	if err := stop(ctx); err != nil {
 		t.Fatalf("stop: %v", err)

@@ -273,8 +273,10 @@ func (r *runner) start(ctx context.Context, pgdata string, port int) error {
 	//   -k ''                         no Unix sockets: nothing to create under
 	//                                 /var/run/postgresql (which needs root), and no
 	//                                 107-byte limit on the socket path under a deep Dir
+	//   wal_level=logical             the log relay reads committed outbox rows from
+	//                                 a logical replication slot
 	// pg_ctl hands this string to /bin/sh, hence the quotes around the empty value.
-	serverOpts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k ''", port)
+	serverOpts := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k '' -c wal_level=logical", port)
 	err := r.exec(ctx, "pg_ctl start", r.bins.pgCtl(), "start",
 		"--pgdata="+pgdata,
 		"--log="+logPath,

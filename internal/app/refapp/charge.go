@@ -84,9 +84,7 @@ SELECT k, a, c FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
 ORDER BY n`
 
 // HandleBatch implements consumer.BatchHandler. Its results are nil: nothing reads a
-// charge's stored result (a duplicate is acked, not answered), and a nil result
-// spares the inbox a second write of every claimed row (dedupe.SetResults skips
-// nil results).
+// charge's stored result (a duplicate is acked, not answered).
 func (ChargeHandler) HandleBatch(ctx context.Context, tx pgx.Tx, ds []*consumer.Delivery) ([][]byte, error) {
 	keys := make([]string, len(ds))
 	accounts := make([]string, len(ds))

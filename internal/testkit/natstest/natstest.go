@@ -166,6 +166,15 @@ func (s *Server) Restart(t testing.TB) {
 	}
 }
 
+// Resume starts a server that Stop or Kill stopped, on the same port and store,
+// with the same token: the broker back after an outage.
+func (s *Server) Resume(t testing.TB) {
+	t.Helper()
+	if err := s.start(); err != nil {
+		t.Fatalf("natstest: resume: %v", err)
+	}
+}
+
 // Restart is s.Restart, returning s, for callers that hold a server value.
 func Restart(t testing.TB, s *Server) *Server {
 	t.Helper()

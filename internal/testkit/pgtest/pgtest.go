@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/internal/partition"
@@ -66,6 +67,24 @@ type Options struct {
 // partitionedByEnv reports IDEM_TEST_PARTITIONED=1.
 func partitionedByEnv() bool { return os.Getenv("IDEM_TEST_PARTITIONED") == "1" }
 
+// PollRole is the role a test database belongs to, and is used through, under
+// IDEM_TEST_RELAY=poll: one that may not replicate, so that every worker and
+// relay a test starts runs the polling relay, as it does where the log relay
+// cannot run. Otherwise tests use the admin role, which may (on a server with
+// wal_level = logical), and run the log relay.
+const PollRole = "idem_test_poll"
+
+// pollByEnv reports IDEM_TEST_RELAY=poll.
+func pollByEnv() bool { return os.Getenv("IDEM_TEST_RELAY") == "poll" }
+
+// sqlPollRole makes PollRole when it is missing. Two test processes may race to
+// make it; the loser's duplicate_object is ignored.
+const sqlPollRole = `DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '` + PollRole + `') THEN
+    CREATE ROLE ` + PollRole + ` LOGIN CREATEDB NOREPLICATION;
+  END IF;
+END $$`
+
 // New creates a fresh migrated database for t and drops it at cleanup.
 func New(t testing.TB) *DB {
 	t.Helper()
@@ -112,7 +131,17 @@ func Create(ctx context.Context, opts Options) (*DB, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	name := "idem_t_" + hex.EncodeToString(b[:])
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+	create := "CREATE DATABASE " + name
+	if pollByEnv() {
+		_, err := admin.Exec(ctx, sqlPollRole)
+		var pgErr *pgconn.PgError
+		if err != nil && !(errors.As(err, &pgErr) && (pgErr.Code == "42710" || pgErr.Code == "23505")) {
+			return nil, fmt.Errorf("create role %s for IDEM_TEST_RELAY=poll: %w", PollRole, err)
+		}
+		create += " OWNER " + PollRole
+		u.User = url.User(PollRole)
+	}
+	if _, err := admin.Exec(ctx, create); err != nil {
 		return nil, fmt.Errorf("create database: %w", err)
 	}
 	u.Path = "/" + name
@@ -156,10 +185,21 @@ func (db *DB) Drop() error {
 		return fmt.Errorf("drop %s: %w", db.Name, err)
 	}
 	defer c.Close(ctx)
-	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+db.Name+" WITH (FORCE)"); err != nil {
-		return fmt.Errorf("drop %s: %w", db.Name, err)
+	// FORCE ends the database's connections, a log relay's walsender among them;
+	// until that one has gone its slot is active, and the drop refused (55006).
+	// Postgres drops the database's inactive slots with it.
+	for {
+		_, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+db.Name+" WITH (FORCE)")
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55006" && ctx.Err() == nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("drop %s: %w", db.Name, err)
+		}
+		return nil
 	}
-	return nil
 }
 
 // Count runs a COUNT-style query and returns the integer.

@@ -113,6 +113,7 @@ func run(args []string) error {
 	reconcileAfter := fs.String("reconcile-after", "1s", "the reconciler's After (off: no reconciler)")
 	maxReconnects := fs.Int("nats-max-reconnects", -1, "the NATS connection's reconnect attempts before it closes for good (-1: without limit)")
 	reconnectWait := fs.Duration("nats-reconnect-wait", 100*time.Millisecond, "the pause between the NATS connection's reconnect attempts")
+	relayMode := fs.String("relay", "", "the relay: log, poll, or empty for log where it can run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -146,6 +147,7 @@ func run(args []string) error {
 		return err
 	}
 	cfg := worker.Config{
+		Relay:            worker.RelayConfig{Mode: *relayMode},
 		DisableRelay:     !strings.Contains(*roles, "relay"),
 		DisableRetention: true, // the tests forget keys with SQL, as the collector would
 	}

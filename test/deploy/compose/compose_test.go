@@ -169,6 +169,10 @@ func TestComposeServices(t *testing.T) {
 	if img := service(t, p, "postgres").Image; !strings.HasPrefix(img, "postgres:15.") {
 		t.Errorf("postgres: image %s, want a 15.x release", img)
 	}
+	// The worker's relay reads the log: the server must log for logical decoding.
+	if cmd := service(t, p, "postgres").Command; !slices.Contains(cmd, "wal_level=logical") {
+		t.Errorf("postgres: command %q does not set wal_level=logical, which the worker's log relay needs", cmd)
+	}
 
 	// Host ports are distinct: Prometheus's UI must not take the worker's 9090.
 	published := map[string]string{}

@@ -64,6 +64,7 @@ const (
 	rowE2EHTTPMax       = "e2e-http (max)"
 	rowE2EHTTPRate      = "e2e-http @"
 	rowPlainHTTPMax     = "plain-http (max)"
+	rowPlainHTTPRate    = "plain-http @"
 	rowWatermillHTTPMax = "watermill-http (max)"
 )
 
@@ -121,19 +122,28 @@ type Target struct {
 	Measured bool    `json:"measured"`
 }
 
-// goal is a target before it is checked: a ratio, or a field of a row, compared
-// with a limit.
+// goal is a target before it is checked: a ratio, a field of a row, or a
+// comparison of two rows (relative), against a limit.
 type goal struct {
-	name   string
-	ratio  string   // a ratio's name, or
-	row    RowMatch // the row whose field is read
-	field  func(Result) float64
-	atMost bool // the value must be <= limit; otherwise >= limit
-	limit  float64
-	unit   string
+	name  string
+	ratio string   // a ratio's name, or
+	row   RowMatch // the row whose field is read, or
+	field func(Result) float64
+	// relative reads a value and its limit from rows of the run (reads): a limit
+	// that follows the run's own baseline.
+	relative func(rs []Result) (got, limit float64, ok bool)
+	reads    []RowMatch
+	atMost   bool // the value must be <= limit; otherwise >= limit
+	limit    float64
+	unit     string
+	// wantText says what relative compares with, for the table.
+	wantText string
 }
 
 func (g goal) want() string {
+	if g.wantText != "" {
+		return g.wantText
+	}
 	op := ">="
 	if g.atMost {
 		op = "<="
@@ -141,14 +151,48 @@ func (g goal) want() string {
 	return fmt.Sprintf("%s %g%s", op, g.limit, g.unit)
 }
 
+// cpuPerIntent is a row's CPU (this process and Postgres) per intent.
+func cpuPerIntent(r Result) float64 {
+	if r.N == 0 {
+		return 0
+	}
+	return (r.ProcCPUSec + r.PGCPUSec) / float64(r.N)
+}
+
+// cpuRatio compares e2e-http's CPU per intent with plain-http's, in the rows m
+// selects of each, at most limit times it.
+func cpuRatio(e2e, plain RowMatch, limit float64) func([]Result) (float64, float64, bool) {
+	return func(rs []Result) (float64, float64, bool) {
+		a, b := e2e.Find(rs), plain.Find(rs)
+		if a == nil || b == nil || cpuPerIntent(*b) <= 0 {
+			return 0, 0, false
+		}
+		return cpuPerIntent(*a) / cpuPerIntent(*b), limit, true
+	}
+}
+
 // goals lists the targets in the order the table prints them.
 func goals() []goal {
 	p99 := func(r Result) float64 { return r.P99ms }
 	rate := func(r Result) float64 { return r.Rate }
+	e2eRate, plainRate := RowMatch{rowE2EHTTPRate, Prefix}, RowMatch{rowPlainHTTPRate, Prefix}
+	e2eMax, plainMax := RowMatch{Label: rowE2EHTTPMax}, RowMatch{Label: rowPlainHTTPMax}
 	return []goal{
-		{name: "e2e-http/plain-http", ratio: "e2e-http/plain-http", limit: 0.8, unit: "x"},
-		{name: "e2e-http/watermill-http", ratio: "e2e-http/watermill-http", limit: 3, unit: "x"},
-		{name: "e2e-http p99 latency ms at the offered load", row: RowMatch{rowE2EHTTPRate, Prefix}, field: p99, atMost: true, limit: 10},
+		{name: "e2e-http/plain-http", ratio: "e2e-http/plain-http", limit: 0.6, unit: "x"},
+		{name: "e2e-http/watermill-http", ratio: "e2e-http/watermill-http", limit: 2, unit: "x"},
+		{name: "e2e-http/plain-http CPU per intent (max)", relative: cpuRatio(e2eMax, plainMax, 1.7), reads: []RowMatch{e2eMax, plainMax},
+			atMost: true, limit: 1.7, unit: "x"},
+		{name: "e2e-http/plain-http CPU per intent at the offered load", relative: cpuRatio(e2eRate, plainRate, 2), reads: []RowMatch{e2eRate, plainRate},
+			atMost: true, limit: 2, unit: "x"},
+		{name: "e2e-http p99 ms (request -> ledger row) at the offered load", atMost: true, wantText: "<= max(2x plain-http p99, 10)",
+			reads: []RowMatch{e2eRate, plainRate},
+			relative: func(rs []Result) (float64, float64, bool) {
+				e, p := e2eRate.Find(rs), plainRate.Find(rs)
+				if e == nil || p == nil {
+					return 0, 0, false
+				}
+				return e.P99ms, max(2*p.P99ms, 10), true
+			}},
 		{name: "idem-consumer/naive", ratio: "idem-consumer/naive", limit: 3, unit: "x"},
 		{name: "idem-consumer/handwritten-inbox", ratio: "idem-consumer/handwritten-inbox", limit: 5, unit: "x"},
 		{name: "e2e batched intents/s (default durability)", row: RowMatch{Label: rowE2EMax}, field: rate, limit: 20000},
@@ -162,15 +206,21 @@ func Targets(rs []Result, ratios map[string]float64) []Target {
 	var out []Target
 	for _, g := range goals() {
 		t := Target{Name: g.name, Want: g.want()}
-		if g.ratio != "" {
+		limit := g.limit
+		switch {
+		case g.ratio != "":
 			t.Got, t.Measured = ratios[g.ratio]
-		} else if r := g.row.Find(rs); r != nil {
-			t.Got, t.Measured = g.field(*r), true
+		case g.relative != nil:
+			t.Got, limit, t.Measured = g.relative(rs)
+		default:
+			if r := g.row.Find(rs); r != nil {
+				t.Got, t.Measured = g.field(*r), true
+			}
 		}
 		if t.Measured {
-			t.Met = t.Got >= g.limit
+			t.Met = t.Got >= limit
 			if g.atMost {
-				t.Met = t.Got <= g.limit
+				t.Met = t.Got <= limit
 			}
 		}
 		out = append(out, t)
@@ -186,7 +236,10 @@ func ReadRows() []RowMatch {
 		out = append(out, r.num, r.den)
 	}
 	for _, g := range goals() {
-		if g.ratio == "" {
+		switch {
+		case g.relative != nil:
+			out = append(out, g.reads...)
+		case g.ratio == "":
 			out = append(out, g.row)
 		}
 	}

@@ -42,7 +42,7 @@ func serveRefApp(ctx context.Context, env *benchenv.Env, h *Harness, index map[s
 		}
 		return nil
 	}
-	svc, err := startRefApp(afterCommit(context.WithoutCancel(ctx), record), env, h.Log)
+	svc, err := startRefApp(afterCommit(context.WithoutCancel(ctx), record), env, h.Opts.Relay, h.Log)
 	if err != nil {
 		return nil, fmt.Errorf("start the reference application: %w", err)
 	}

@@ -139,7 +139,7 @@ func (s e2eOrdered) variant(ctx context.Context, env *benchenv.Env, h *Harness, 
 	if parts > 0 {
 		rs.OrderedSubjects = []string{orderedSubject + ".*"}
 	}
-	rel, err := newRelay(env, rs)
+	rel, _, err := newRelay(ctx, env, rs)
 	if err != nil {
 		return report.Result{}, err
 	}

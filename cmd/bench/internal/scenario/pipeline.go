@@ -56,6 +56,8 @@ type pipelineConfig struct {
 	// batch.
 	AtomicPublish bool
 	Timeout       time.Duration
+	// Relay is the relay asked for (Options.Relay); relay is the one that ran.
+	Relay, relay string
 }
 
 // pipelineConfigFrom is the pipeline as the options shape it; each scenario
@@ -63,7 +65,7 @@ type pipelineConfig struct {
 func pipelineConfigFrom(o Options) pipelineConfig {
 	return pipelineConfig{
 		N: o.N, PayloadBytes: o.PayloadBytes, EnqueueBatch: o.EnqueueBatch, RelayBatch: o.RelayBatch,
-		BatchSize: o.BatchSize, Concurrency: o.Concurrency, Timeout: o.Timeout,
+		BatchSize: o.BatchSize, Concurrency: o.Concurrency, Timeout: o.Timeout, Relay: o.Relay,
 	}
 }
 
@@ -72,7 +74,7 @@ func (p pipelineConfig) configMap() map[string]any {
 	return map[string]any{
 		"enqueue_batch": p.EnqueueBatch, "producers": p.Producers, "rate": p.Rate,
 		"relay_batch": p.RelayBatch, "consumer_batch": p.BatchSize, "consumer_concurrency": p.Concurrency,
-		"duplicate": p.Duplicate, "drop_fraction": p.DropFraction, "ack_wait": p.AckWait.String(),
+		"duplicate": p.Duplicate, "drop_fraction": p.DropFraction, "ack_wait": p.AckWait.String(), "relay": p.relay,
 	}
 }
 
@@ -172,10 +174,11 @@ func runPipeline(ctx context.Context, env *benchenv.Env, h *Harness, cfg pipelin
 		return nil
 	}
 	published := newCounter(messages)
-	rel, err := newRelay(env, relaySpec{
+	rel, mode, err := newRelay(ctx, env, relaySpec{
 		BatchSize:     cfg.RelayBatch,
 		AwaitProof:    cfg.Reconcile,
 		AtomicPublish: cfg.AtomicPublish,
+		Mode:          cfg.Relay,
 		Observe: func(k eventKind, n int) {
 			if k == evPublished {
 				published.Add(n)
@@ -185,6 +188,7 @@ func runPipeline(ctx context.Context, env *benchenv.Env, h *Harness, cfg pipelin
 	if err != nil {
 		return out, fmt.Errorf("relay: %w", err)
 	}
+	cfg.relay = string(mode)
 	var rec runner
 	if cfg.Reconcile {
 		if rec, err = newReconciler(env); err != nil {

@@ -121,6 +121,9 @@ type Options struct {
 	HTTPRateN       int // HTTP scenarios: requests of the latency phase (at most N)
 	// WatermillDir is the watermill-http peer's module directory.
 	WatermillDir string
+	// Relay is the relay idem's scenarios run: "log", "poll", or "" for what the
+	// worker would choose (the log relay where the server allows it).
+	Relay string
 }
 
 // DefaultOptions are the flags' defaults.

@@ -355,12 +355,12 @@ func TestWatermillArgs(t *testing.T) {
 
 func TestPipelineConfigMapKeys(t *testing.T) {
 	got := pipelineConfigFrom(DefaultOptions()).configMap()
-	for _, k := range []string{"enqueue_batch", "producers", "rate", "relay_batch", "consumer_batch", "consumer_concurrency", "duplicate", "drop_fraction", "ack_wait"} {
+	for _, k := range []string{"enqueue_batch", "producers", "rate", "relay_batch", "consumer_batch", "consumer_concurrency", "duplicate", "drop_fraction", "ack_wait", "relay"} {
 		if _, ok := got[k]; !ok {
 			t.Errorf("the pipeline rows' config lacks %q", k)
 		}
 	}
-	if len(got) != 9 {
-		t.Errorf("the pipeline rows' config has %d keys, want 9: %v", len(got), got)
+	if len(got) != 10 {
+		t.Errorf("the pipeline rows' config has %d keys, want 10: %v", len(got), got)
 	}
 }

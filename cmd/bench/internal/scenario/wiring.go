@@ -8,6 +8,7 @@ package scenario
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/reconcile"
+	"github.com/idemkit/idem/worker"
 	idemrelay "github.com/idemkit/idem/internal/relay"
 )
 
@@ -139,16 +141,97 @@ type relaySpec struct {
 	// OrderedSubjects are published in order per subject.
 	OrderedSubjects []string
 	Observe         func(eventKind, int)
+	// Mode is the relay Options.Relay asks for ("" for the worker's choice);
+	// atomic publish and ordered subjects always take the polling relay.
+	Mode string
 }
 
-// newRelay builds a relay of env's installation: env.Outbox's commits wake it.
-func newRelay(env *benchenv.Env, s relaySpec) (runner, error) {
-	return idemrelay.New(observed(env, idem.ComponentRelay, s.Observe), idemrelay.Config{
-		BatchSize:       s.BatchSize,
-		AwaitProof:      s.AwaitProof,
-		AtomicPublish:   s.AtomicPublish,
-		OrderedSubjects: s.OrderedSubjects,
-	})
+// newRelay builds the relay of env's installation the spec asks for: the
+// polling relay, woken by env.Outbox's commits; or the log relay, with the
+// polling relay beside it for the rows it hands over, its slot made and the
+// outbox's new rows its own before newRelay returns.
+func newRelay(ctx context.Context, env *benchenv.Env, s relaySpec) (runner, idemrelay.Mode, error) {
+	cfg := idemrelay.Config{BatchSize: s.BatchSize, AwaitProof: s.AwaitProof, AtomicPublish: s.AtomicPublish, OrderedSubjects: s.OrderedSubjects}
+	inst := observed(env, idem.ComponentRelay, s.Observe)
+	mode, err := relayMode(ctx, env, s)
+	if err != nil || mode == idemrelay.ModePoll {
+		r, nerr := idemrelay.New(inst, cfg)
+		return r, idemrelay.ModePoll, errors.Join(err, nerr)
+	}
+	behind := cfg
+	behind.BehindLog = true
+	poll, err := idemrelay.New(inst, behind)
+	if err != nil {
+		return nil, "", err
+	}
+	// A first log relay makes the slot and takes the outbox's new rows; the one
+	// the scenario runs reads them from the slot.
+	first, err := idemrelay.NewLog(inst, cfg, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := readOnce(ctx, first); err != nil {
+		return nil, "", err
+	}
+	log, err := idemrelay.NewLog(inst, cfg, poll.Wake)
+	if err != nil {
+		return nil, "", err
+	}
+	return both{poll, log}, idemrelay.ModeLog, nil
+}
+
+// relayMode is the relay s gets on env's server.
+func relayMode(ctx context.Context, env *benchenv.Env, s relaySpec) (idemrelay.Mode, error) {
+	if s.AtomicPublish || len(s.OrderedSubjects) > 0 || s.Mode == "poll" {
+		return idemrelay.ModePoll, nil
+	}
+	c, err := idemrelay.LogCapability(ctx, env.Pool, env.Inst.Schema())
+	if err != nil {
+		return "", err
+	}
+	if c.Mode == idemrelay.ModePoll && s.Mode == "log" {
+		return "", fmt.Errorf("-relay log: %s", c.Why)
+	}
+	return c.Mode, nil
+}
+
+// readOnce runs l until it reads its slot, then stops it.
+func readOnce(ctx context.Context, l *idemrelay.LogRelay) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	for !l.Reading() {
+		select {
+		case err := <-done:
+			return fmt.Errorf("log relay: ended before it read its slot: %v", err)
+		case <-ctx.Done():
+			return fmt.Errorf("log relay: did not read its slot within 30s")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	cancel()
+	return <-done
+}
+
+// both runs several runners until the first fails or ctx ends.
+type both []runner
+
+func (b both) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(b))
+	for _, r := range b {
+		go func() { errs <- r.Run(ctx) }()
+	}
+	var first error
+	for range b {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
 }
 
 // reconcileEvery is the reconciler's pass interval in the benchmark, shorter than
@@ -189,12 +272,12 @@ type refApp interface {
 // its reconciler's pass interval be tuned, so a second reconciler of the same
 // installation runs beside it with a pass every reconcileEvery (reconcilers
 // share the rows, each claimed by one pass): as two workers would run it.
-func startRefApp(ctx context.Context, env *benchenv.Env, log *slog.Logger) (refApp, error) {
+func startRefApp(ctx context.Context, env *benchenv.Env, relayMode string, log *slog.Logger) (refApp, error) {
 	rec, err := newReconciler(env)
 	if err != nil {
 		return nil, err
 	}
-	svc, err := refapp.Start(ctx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log})
+	svc, err := refapp.Start(ctx, env.Pool, env.NC, refapp.Config{HTTPAddr: "127.0.0.1:0", Logger: log, Relay: worker.RelayConfig{Mode: relayMode}})
 	if err != nil {
 		return nil, err
 	}
