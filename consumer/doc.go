@@ -89,6 +89,17 @@
 // own clock (LeaseFor after it sent the last successful extension, minus a
 // margin); a handler must stop when its context is cancelled.
 //
+// What it costs: by default one external effect runs at a time per consumer
+// (DefaultExternalConcurrency; raise Concurrency for a slow downstream), and the
+// effect of a worker that died mid-way is taken over only when its lease has run
+// out (DefaultLeaseFor, 30s).
+//
+// The short example is ExternalHandlerFunc's: a confirmation to an HTTP service
+// that honours an Idempotency-Key. Examples that need a database and a broker live
+// in package idemtest (github.com/idemkit/idem/idemtest), whose Start gives them
+// both: an in-transaction consumer run by hand (Example, InTransactionConsumer),
+// and a three-step charge with recovery points (Example, CheckpointedExternal).
+//
 // # Poison and dead letters
 //
 // A message without a key or with a malformed one, a key first seen with another

@@ -155,14 +155,29 @@ func TestExternalCompletesOnceAndFoldsDuplicates(t *testing.T) {
 // JetStream gets in-progress heartbeats well past LeaseFor and AckWait, and a copy
 // of the message that arrives meanwhile backs off instead of running a second
 // effect. When the first finishes, the copy is folded.
+//
+// On a machine too loaded to extend a lease in time, the holder's fence cancels
+// its attempt and the next one takes the key over with the same downstream key:
+// that is the design, not a double effect. What must never happen is two attempts
+// at once, and that is what the test asserts, whatever the machine's load.
 func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 	b := setup(t)
 	var log effectLog
-	started, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
+	var running, overlaps atomic.Int32
+	var began atomic.Pointer[time.Time] // when the attempt now running began; nil between attempts
+	release := make(chan struct{})
+	var releaseOnce sync.Once
 	h := consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
 		log.record(e)
-		once.Do(func() { close(started) })
+		if running.Add(1) > 1 {
+			overlaps.Add(1)
+		}
+		now := time.Now()
+		began.Store(&now)
+		defer func() {
+			began.Store(nil)
+			running.Add(-1)
+		}()
 		select { // the effect is "still sending"
 		case <-release:
 		case <-ctx.Done():
@@ -171,36 +186,52 @@ func TestExternalLiveLeaseMakesCopyBackOff(t *testing.T) {
 		return []byte(`"sent"`), nil
 	})
 	cfg := b.extConfig(h)
-	cfg.LeaseFor, cfg.AckWait = 600*time.Millisecond, 600*time.Millisecond
+	// An extension every 400ms, each given 400ms; the fence stops an attempt whose
+	// lease went 960ms without one.
+	cfg.LeaseFor, cfg.AckWait = 1200*time.Millisecond, 1200*time.Millisecond
 	cfg.Concurrency = 2 // a free slot for the copy, so only the lease can hold it back
 	b.start(t, cfg)
+	// Registered after the consumer's stop, so it runs first: a failed assertion
+	// must not leave the handler holding up the stop.
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
 
 	b.env.Publish(t, testenv.Subject, "k-slow", "first", []byte("x"))
-	<-started
-	// Wait until the lease has been extended to well past three LeaseFors (and
-	// AckWaits) after the claim: only extensions can get it there.
-	testenv.Eventually(t, 45*time.Second, "the lease to be extended repeatedly", func() bool {
-		return b.env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE key = 'k-slow' AND status = 'leased'
-			AND lease_until > created_at + interval '1800 milliseconds'`) == 1
+	// One attempt running for two LeaseFors: its fence would have cancelled it
+	// long before, had its lease not been extended.
+	testenv.Eventually(t, 45*time.Second, "an attempt holding its lease for two LeaseFors", func() bool {
+		p := began.Load()
+		return p != nil && time.Since(*p) > 2*cfg.LeaseFor
 	})
-	if n := b.out.Get(idem.OutcomeBusy); n != 0 {
-		t.Fatalf("the holder's own message came back %d times while it was being performed: heartbeats missing", n)
+	busy := b.out.Get(idem.OutcomeBusy)
+	if attempts := log.count("k-slow"); attempts == 1 && busy != 0 {
+		// With one attempt so far, nothing but a missed heartbeat brings the
+		// holder's own message back while it runs.
+		t.Fatalf("the holder's own message came back %d times while it was being performed: heartbeats missing", busy)
 	}
 
 	b.env.Publish(t, testenv.Subject, "k-slow", "copy", []byte("x"))
-	testenv.Eventually(t, 45*time.Second, "the copy to back off twice", func() bool {
-		return b.out.Get(idem.OutcomeBusy) >= 2
+	testenv.Eventually(t, 45*time.Second, "the copy to back off twice (or run beside the holder)", func() bool {
+		return b.out.Get(idem.OutcomeBusy) >= busy+2 || overlaps.Load() > 0
 	})
-	if n := log.count("k-slow"); n != 1 {
-		t.Fatalf("effects while the first was still sending = %d, want 1", n)
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d attempts started while another was still performing the effect", n)
 	}
 
-	close(release)
+	releaseOnce.Do(func() { close(release) })
 	testenv.Eventually(t, 45*time.Second, "first processed and copy folded", func() bool {
-		return b.out.Get(idem.OutcomeProcessed) == 1 && b.out.Get(idem.OutcomeDuplicate) == 1
+		return b.out.Get(idem.OutcomeProcessed) == 1 && b.out.Get(idem.OutcomeDuplicate) >= 1
 	})
-	if n := log.count("k-slow"); n != 1 {
-		t.Fatalf("effects = %d, want 1", n)
+	if n := overlaps.Load(); n != 0 {
+		t.Fatalf("%d attempts started while another was still performing the effect", n)
+	}
+	calls := log.of("k-slow")
+	for _, c := range calls {
+		if c.downstreamKey != calls[0].downstreamKey {
+			t.Fatalf("attempts %+v: want every one presenting the same downstream key", calls)
+		}
+	}
+	if len(calls) > 1 {
+		t.Logf("%d attempts, one after another: a lease extension was late on this machine and the next attempt took over", len(calls))
 	}
 }
 

@@ -13,7 +13,9 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// Delivery is one message as the consumer hands it to a handler.
+// Delivery is one message as the consumer hands it to a handler. Its Key is the
+// intent's scoped key (idem.ScopedKey: what producer.Intent.ScopedKey returns at
+// the ingress, not Intent.Key, the client's key without its scope).
 type Delivery struct {
 	idem.Message
 	// Deliveries is how many times JetStream has delivered this message (1 on the

@@ -89,4 +89,15 @@
 // creates its stream (Case.Stream, by default DefaultStream on the consumer's
 // subject) and deletes it when it ends, so checks run one after another on one Env
 // do not see each other's messages; on one Env they run one at a time.
+//
+// The JetStream server runs in the test process, so a module whose tests use the
+// kit has the NATS server's module (and its dependencies) in its graph, and a
+// binary that does not import the kit links none of it.
+//
+// # Examples of package consumer
+//
+// Package consumer's examples that need a database and a broker are here, on an Env
+// from Start, so that each imports public packages only and can be copied as it
+// stands: Example (InTransactionConsumer) runs an in-transaction consumer by hand,
+// Example (CheckpointedExternal) a three-step charge with recovery points.
 package idemtest

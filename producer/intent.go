@@ -19,7 +19,9 @@ type Intent struct {
 	Tx pgx.Tx
 	// Scope is the request's Idempotency-Scope ("" for none).
 	Scope string
-	// Key is the request's Idempotency-Key.
+	// Key is the request's Idempotency-Key as the client sent it, without its
+	// scope. What the outbox carries and a consumer's Delivery.Key holds is
+	// ScopedKey: store that in a row a consumer's effect must match.
 	Key idem.Key
 
 	outbox *outbox.Outbox

@@ -32,7 +32,18 @@
 // Several workers may share one installation and split these roles (two relays, three
 // consumer workers); the outbox and the inbox are built for it. A component that
 // fails stops the others: Done closes and Err names it, so a process can exit
-// non-zero and be restarted by its supervisor.
+// non-zero and be restarted by its supervisor. A NATS connection that closes for
+// good is such a failure (a closed *nats.Conn never reconnects): connect with
+// nats.MaxReconnects(-1) to ride out an outage of any length instead.
+//
+// # Health
+//
+// ReadyHandler follows the roles: a worker with an ingress is ready while
+// Postgres answers (a broker outage only fills the outbox), one without is ready
+// only while the broker and its stream and durable consumers are there too.
+// LiveHandler always answers 200, with the broker's state in its body; the metrics
+// (idem_nats_connected and the rest) and the log (a line at each disconnect and
+// reconnect) show it too.
 //
 // # Stopping
 //

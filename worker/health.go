@@ -13,21 +13,27 @@ import (
 )
 
 // LiveHandler answers 200 while the process can answer at all: for a liveness probe
-// that restarts a wedged process, not one that waits for dependencies.
+// that restarts a wedged process, not one that waits for dependencies. Its body is
+// "ok" and then the detail an operator wants at a glance, one line each: the NATS
+// connection's state (and for how long it has been away), and for a worker with an
+// ingress what readiness leaves out of its answer because the ingress does not need
+// it (a missing stream or durable consumer). Like ReadyHandler it names
+// dependencies, never a driver's error.
 func (w *Worker) LiveHandler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = rw.Write([]byte("ok\n"))
+		lines := append([]string{"ok", w.brokerLine()}, w.brokerProblems()...)
+		if w.ingress == nil {
+			lines = lines[:2] // readiness reports them
+		}
+		_, _ = fmt.Fprintln(rw, strings.Join(lines, "\n"))
 	})
 }
 
-// ReadyHandler answers 200 only while the worker can do its work: started, no
-// component failed, Postgres answering, NATS connected, the stream and every
-// durable consumer present (or recreated), and the lifetime invariant holding for
-// the stream's current MaxAge and every registered consumer. Otherwise 503, with one line
-// per problem that names the dependency but never echoes a driver's error (which
-// would show user, host and database to whoever can reach the port); the errors
-// are logged.
+// ReadyHandler answers 200 while the process can take its traffic (see Ready), 503
+// otherwise, with one line per problem that names the dependency but never echoes
+// a driver's error (which would show user, host and database to whoever can reach
+// the port); the errors are logged.
 func (w *Worker) ReadyHandler() http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		problems := w.Ready(r.Context())
@@ -41,7 +47,21 @@ func (w *Worker) ReadyHandler() http.Handler {
 	})
 }
 
-// Ready returns what keeps the worker from being ready, or nil.
+// Ready returns what keeps the worker from taking its traffic, or nil. Readiness
+// follows the roles the worker runs:
+//
+//   - Every worker: started, no component failed (a NATS connection closed for
+//     good is one), Postgres answering, the lifetime invariant holding for the
+//     stream's current MaxAge and every registered consumer, and, where the log
+//     relay runs, its slot neither lost nor holding more WAL than
+//     RelayConfig.MaxSlotLag.
+//   - A worker with an ingress takes HTTP requests, and a request needs Postgres
+//     only: its intent waits in the outbox while the broker is away. So it stays
+//     ready through a broker outage, which is the outage the outbox exists to
+//     absorb; LiveHandler, the metrics and the log show the broker's state.
+//   - A worker without an ingress (consumers, relay) works on the broker: it is
+//     ready only while NATS is connected and the stream and every durable
+//     consumer exist (or were recreated).
 func (w *Worker) Ready(ctx context.Context) []string {
 	var problems []string
 	w.mu.Lock()
@@ -59,22 +79,49 @@ func (w *Worker) Ready(ctx context.Context) []string {
 		w.log.WarnContext(ctx, "readiness: postgres does not answer", "err", err)
 		problems = append(problems, "postgres: not answering")
 	}
-	if st := w.js.Conn().Status(); st != nats.CONNECTED {
-		problems = append(problems, "nats: "+strings.ToLower(st.String()))
-	} else {
-		// A missing stream or durable consumer, or a broken lifetime invariant,
-		// names itself: no driver error in these, only the names and numbers the
-		// operators configured.
-		if err := w.keeper.Health(); err != nil {
-			problems = append(problems, err.Error())
+	// A broken lifetime invariant names itself: no driver error in it, only the
+	// names and numbers the operators configured.
+	if err := w.keeper.Health(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	// A slot past its lag bound is the database's danger, not the broker's: its
+	// WAL fills Postgres' disk, whatever the roles.
+	if problem := w.slotHealth(ctx); problem != "" {
+		problems = append(problems, problem)
+	}
+	if w.ingress == nil {
+		if st, _ := w.broker.state(); st != nats.CONNECTED {
+			problems = append(problems, w.brokerLine())
 		}
-		if problem := w.slotHealth(ctx); problem != "" {
-			problems = append(problems, problem)
-		}
-		for _, c := range w.consumers {
-			if err := c.Health(); err != nil {
-				problems = append(problems, fmt.Sprintf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated", c.Config().Name, w.inst.Stream().Name))
-			}
+		problems = append(problems, w.brokerProblems()...)
+	}
+	return problems
+}
+
+// brokerLine is the NATS connection's state, for /healthz and /readyz.
+func (w *Worker) brokerLine() string {
+	st, away := w.broker.state()
+	line := "nats: " + strings.ToLower(st.String())
+	if away > 0 {
+		line += fmt.Sprintf(" (away for %s)", away.Round(time.Second))
+	}
+	return line
+}
+
+// brokerProblems are what keeps the broker's side of the worker from working while
+// it is connected: a stream that is missing and could not be recreated, a durable
+// consumer likewise. While it is not connected they cannot be known.
+func (w *Worker) brokerProblems() []string {
+	if st, _ := w.broker.state(); st != nats.CONNECTED {
+		return nil
+	}
+	var problems []string
+	if err := w.keeper.StreamHealth(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	for _, c := range w.consumers {
+		if err := c.Health(); err != nil {
+			problems = append(problems, fmt.Sprintf("consumer %s: its durable consumer on stream %s is missing and cannot be recreated", c.Config().Name, w.inst.Stream().Name))
 		}
 	}
 	return problems

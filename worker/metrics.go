@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem"
@@ -138,8 +139,9 @@ func (m *metrics) observe(e idem.Event) {
 // durable consumer's pending, ack-pending and redelivered messages, and open dead
 // letters; whether each consumer falls behind (idem_consumer_behind, from the
 // worker's LagHistory) and whether the collector holds because the database's
-// clock jumped (idem_collector_clock_held, idem_collector_clock_skew_seconds); and
-// idem_build_info. Series for the known outcomes (and each consumer's
+// clock jumped (idem_collector_clock_held, idem_collector_clock_skew_seconds); the
+// NATS connection's state (idem_nats_connected, idem_nats_disconnected_seconds,
+// idem_nats_reconnects_total); and idem_build_info. Series for the known outcomes (and each consumer's
 // histograms) exist from the start, at 0, so a rate() over them is defined before
 // the first event.
 func (w *Worker) RegisterMetrics(reg prometheus.Registerer) error {
@@ -220,10 +222,14 @@ var (
 	descSlotLag  = prometheus.NewDesc("idem_relay_slot_lag_bytes", "WAL the log relay's replication slot holds: written since the position the relay last confirmed (present while the log relay publishes the outbox).", nil, nil)
 	descSlotUp   = prometheus.NewDesc("idem_relay_slot_active", "1 while a log relay streams the slot (present while the log relay publishes the outbox).", nil, nil)
 	descSkew     = prometheus.NewDesc("idem_collector_clock_skew_seconds", "How far the database's clock ran ahead of the worker's monotonic clock between the collector's last two rounds (negative: behind).", nil, nil)
+	descNATSUp   = prometheus.NewDesc("idem_nats_connected", "1 while the worker's NATS connection is connected; 0 while it is disconnected, reconnecting or closed.", nil, nil)
+	descNATSAway = prometheus.NewDesc("idem_nats_disconnected_seconds", "How long the worker's NATS connection has been away from the broker (0 while connected).", nil, nil)
+	descNATSRe   = prometheus.NewDesc("idem_nats_reconnects_total", "Times the worker's NATS connection reconnected to the broker.", nil, nil)
 )
 
 func (c *backlogCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead, descHeld, descSkew, descBehind, descSlotLag, descSlotUp} {
+	for _, d := range []*prometheus.Desc{descPending, descOldest, descUnproven, descOldestUn, descRedriven, descAlerted, descJSPend, descJSAck, descJSRedel, descDead, descHeld, descSkew, descBehind, descSlotLag, descSlotUp,
+		descNATSUp, descNATSAway, descNATSRe} {
 		ch <- d
 	}
 }
@@ -254,6 +260,12 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	for name, b := range behind {
 		gauge(descBehind, b2f(b), name)
 	}
+	// The connection's state needs no query: it is there even while the broker,
+	// and the JetStream gauges below, are not.
+	st, away := w.broker.state()
+	gauge(descNATSUp, b2f(st == nats.CONNECTED))
+	gauge(descNATSAway, away.Seconds())
+	ch <- prometheus.MustNewConstMetric(descNATSRe, prometheus.CounterValue, float64(w.js.Conn().Stats().Reconnects))
 	if w.collector != nil {
 		skew, held := w.collector.clock.state()
 		gauge(descSkew, skew.Seconds())

@@ -11,6 +11,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/registry"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -165,11 +166,12 @@ func (w *Worker) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) 
 // invariant against the stream's configuration and the registry as they are now:
 // an operator may edit the stream's MaxAge, and another process may register a
 // consumer, while this worker runs. While the stream is missing or the invariant
-// broken, Health says so, naming the numbers.
+// broken, StreamHealth and Health say so, naming the numbers.
 type streamKeeper struct {
 	w        *Worker
 	interval time.Duration
-	health   atomic.Pointer[error]
+	health   atomic.Pointer[error] // the lifetime invariant
+	stream   atomic.Pointer[error] // a missing stream not recreated
 
 	// Only the keeper's goroutine touches these.
 	registered []registry.Consumer // as last read: kept while Postgres does not answer
@@ -193,6 +195,9 @@ func (k *streamKeeper) run(ctx context.Context) error {
 func (k *streamKeeper) check(ctx context.Context) {
 	w := k.w
 	name := w.inst.Stream().Name
+	if w.js.Conn().Status() != nats.CONNECTED {
+		return // the broker watch has said so; nothing can be checked until it is back
+	}
 	info, err := w.streamInfo(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -212,13 +217,14 @@ func (k *streamKeeper) check(ctx context.Context) {
 		s, err := w.inst.EnsureStream(ctx)
 		if err != nil {
 			problem := fmt.Errorf("stream %s: missing, and recreating it failed", name)
-			k.health.Store(&problem)
+			k.stream.Store(&problem)
 			w.log.ErrorContext(ctx, "worker: stream missing; recreating it failed", "stream", name, "err", err)
 			return
 		}
 		w.log.WarnContext(ctx, "worker: stream was missing; recreated it (the reconciler re-drives what it held)", "stream", name)
 		info = s.CachedInfo()
 	}
+	k.stream.Store(nil)
 	j := w.judgeLifetimes(info.Config.MaxAge, k.registered)
 	w.mu.Lock()
 	w.lifetimes = j.lifetimes
@@ -263,10 +269,15 @@ func (k *streamKeeper) report(ctx context.Context, problem error) {
 	}
 }
 
-// Health is why the stream is unusable, or the lifetime invariant broken, or nil.
-func (k *streamKeeper) Health() error {
-	if p := k.health.Load(); p != nil {
-		return *p
+// Health is why the lifetime invariant is broken, or nil.
+func (k *streamKeeper) Health() error { return loadErr(&k.health) }
+
+// StreamHealth is why the stream is missing and not recreated, or nil.
+func (k *streamKeeper) StreamHealth() error { return loadErr(&k.stream) }
+
+func loadErr(p *atomic.Pointer[error]) error {
+	if e := p.Load(); e != nil {
+		return *e
 	}
 	return nil
 }

@@ -3,7 +3,6 @@ package worker_test
 import (
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -116,21 +115,21 @@ func TestDeletedStreamAndConsumerAreRecreated(t *testing.T) {
 	}
 }
 
-// While the stream cannot be recreated (another stream took its subjects), the
-// worker is not ready, and says which stream and which consumer.
+// While the stream cannot be recreated (another stream took its subjects), a
+// worker without an ingress is not ready, and says which stream and which
+// consumer; a worker with an ingress stays ready (its requests need Postgres
+// alone) and says the same in /healthz.
 func TestReadyzNamesAMissingStreamAndConsumer(t *testing.T) {
 	t.Parallel()
 	cfg := ordersConfig()
 	cfg.Consumers[0].CheckInterval = 100 * time.Millisecond
 	o := startOrders(t, ordersInstall(ordersSchema), cfg)
+	consumers := startConsumersOnly(t, o, cfg)
 	ctx := context.Background()
-	readyz := func() (int, string) {
-		rec := httptest.NewRecorder()
-		o.w.ReadyHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-		return rec.Code, rec.Body.String()
-	}
-	if code, body := readyz(); code != http.StatusOK {
-		t.Fatalf("/readyz = %d %q", code, body)
+	for _, w := range []*worker.Worker{o.w, consumers} {
+		if code, body := serve(w.ReadyHandler(), "/readyz"); code != http.StatusOK {
+			t.Fatalf("/readyz = %d %q", code, body)
+		}
 	}
 	if err := o.env.JS.DeleteStream(ctx, "ORDERS"); err != nil {
 		t.Fatal(err)
@@ -138,22 +137,34 @@ func TestReadyzNamesAMissingStreamAndConsumer(t *testing.T) {
 	if _, err := o.env.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "SQUATTER", Subjects: []string{"orders.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	var body string
-	testenv.Eventually(t, 10*time.Second, "/readyz naming the stream and the consumer", func() bool {
-		var code int
-		code, body = readyz()
-		return code == http.StatusServiceUnavailable &&
-			strings.Contains(body, "stream ORDERS: missing, and recreating it failed") &&
+	names := func(body string) bool {
+		return strings.Contains(body, "stream ORDERS: missing, and recreating it failed") &&
 			strings.Contains(body, "consumer shipping: its durable consumer on stream ORDERS is missing")
+	}
+	var body string
+	testenv.Eventually(t, 10*time.Second, "/readyz of the consumer worker naming the stream and the consumer", func() bool {
+		var code int
+		code, body = serve(consumers.ReadyHandler(), "/readyz")
+		return code == http.StatusServiceUnavailable && names(body)
 	})
 	if strings.Contains(body, "SQUATTER") || strings.Contains(body, "nats:") {
 		t.Errorf("/readyz shows the broker's error: %q", body)
+	}
+	testenv.Eventually(t, 10*time.Second, "/healthz of the ingress worker naming the stream and the consumer", func() bool {
+		_, body = serve(o.w.LiveHandler(), "/healthz")
+		return names(body)
+	})
+	if strings.Contains(body, "SQUATTER") {
+		t.Errorf("/healthz shows the broker's error: %q", body)
+	}
+	if code, body := serve(o.w.ReadyHandler(), "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz of the ingress worker without its stream = %d %q, want 200: its requests go to the outbox", code, body)
 	}
 	if err := o.env.JS.DeleteStream(ctx, "SQUATTER"); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 10*time.Second, "ready again", func() bool {
-		code, _ := readyz()
+		code, _ := serve(consumers.ReadyHandler(), "/readyz")
 		return code == http.StatusOK
 	})
 }

@@ -54,6 +54,7 @@ type Worker struct {
 	logRelay  *relay.LogRelay // nil unless the log relay runs (chooseRelay)
 	reconcile *reconcile.Reconciler
 	keeper    *streamKeeper
+	broker    *brokerWatch
 	collector *collector
 
 	mu        sync.Mutex
@@ -128,6 +129,7 @@ func New(inst *install.Installation, cfg Config) (*Worker, error) {
 		keeperEvery = min(keeperEvery, c.Config().CheckInterval)
 	}
 	w.keeper = &streamKeeper{w: w, interval: keeperEvery}
+	w.broker = newBrokerWatch(inst.JetStream().Conn(), w.log)
 	if !cfg.DisableRetention {
 		var keyLifetime time.Duration
 		for _, c := range w.consumers {
@@ -151,8 +153,12 @@ func New(inst *install.Installation, cfg Config) (*Worker, error) {
 // unready (see Ready).
 //
 // ctx bounds the start-up only; the components run until Stop (or until one of
-// them fails, which stops the others: see Done and Err). Values ctx carries, such as
-// a trace, reach the components.
+// them fails, which stops the others: see Done and Err). The NATS connection is
+// watched as one of them: its disconnects and reconnects are logged, and a
+// connection that closes for good (nats.go gave up reconnecting: connect with
+// nats.MaxReconnects(-1) to keep it trying) ends the worker, since a closed
+// connection never comes back. Values ctx carries, such as a trace, reach the
+// components.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -219,7 +225,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.collector != nil {
 		comps = append(comps, component{"collector", w.collector.run})
 	}
-	comps = append(comps, component{"stream keeper", w.keeper.run}, component{"lag watch", w.metrics.lag.run})
+	comps = append(comps, component{"stream keeper", w.keeper.run}, component{"lag watch", w.metrics.lag.run},
+		component{"nats", w.broker.run})
 	// Work in flight runs on a context that outlives the soft stop (a batch
 	// commits and acks, an effect completes, the relay marks its batch) and ends
 	// only at the hard stop; the components stop taking work when runCtx ends.
@@ -291,7 +298,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 }
 
 // Done is closed once every component has returned: after Stop, or after a
-// component failed (see Err). A service waits on it beside its signals.
+// component failed or the NATS connection closed for good (see Err). A service
+// waits on it beside its signals, and exits when it closes.
 func (w *Worker) Done() <-chan struct{} { return w.done }
 
 // Err is the first component failure, or nil.

@@ -35,9 +35,12 @@ func main() {
 		Consumers: []consumer.Config{{Name: "shipping", Subject: "orders.created", Handler: consumer.HandlerFunc(ship)}},
 		Ingress:   &producer.Config{},
 	}
-	pool, err := worker.NewPool(ctx, os.Getenv("DATABASE_URL"), cfg) // sized for cfg's parts and its requests
+	pool, err := worker.NewPool(ctx, mustEnv("DATABASE_URL"), cfg) // sized for cfg's parts and its requests
 	check(err)
-	nc, err := nats.Connect(os.Getenv("NATS_URL"))
+	// Reconnect for as long as the broker is away: meanwhile the ingress takes
+	// orders into the outbox, and the relay publishes them once it is back. A
+	// connection that closes anyway ends the worker (w.Done below).
+	nc, err := nats.Connect(mustEnv("NATS_URL"), nats.MaxReconnects(-1))
 	check(err)
 	_, err = pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (key text, body bytea);
 		CREATE TABLE IF NOT EXISTS shipments (key text, body bytea)`)
@@ -50,8 +53,13 @@ func main() {
 
 	// The intent: the order row and its message commit together, once per Idempotency-Key.
 	createOrder := func(rw http.ResponseWriter, r *http.Request) {
-		in, _ := producer.IntentFrom(r.Context()) // the request's transaction, behind w.Ingress()
+		in, ok := producer.IntentFrom(r.Context()) // the request's transaction, behind w.Ingress()
+		if !ok {
+			http.Error(rw, "POST /orders is mounted without w.Ingress().Wrap", http.StatusInternalServerError)
+			return
+		}
 		body, _ := io.ReadAll(r.Body)
+		// The scoped key, as the consumer's d.Key is; in.Key is the client's raw key.
 		if _, err := in.Tx.Exec(r.Context(), `INSERT INTO orders VALUES ($1, $2)`, in.ScopedKey(), body); err != nil {
 			http.Error(rw, err.Error(), http.StatusInternalServerError) // a 5xx rolls back; the retry runs again
 			return
@@ -70,7 +78,7 @@ func main() {
 	go func() { log.Fatal(http.Serve(producer.GuardListener(ln, nil), nil)) }()
 	select {
 	case <-ctx.Done(): // SIGINT or SIGTERM
-	case <-w.Done(): // a part of the worker failed: Stop returns why, and check exits non-zero
+	case <-w.Done(): // a part failed, or the NATS connection closed: Stop returns why, check exits non-zero
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -81,4 +89,14 @@ func check(err error) {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// mustEnv refuses an unset variable rather than fall back on a default server:
+// whatever listens on localhost's default port may be someone else's.
+func mustEnv(name string) string {
+	v := os.Getenv(name)
+	if v == "" {
+		log.Fatalf("%s is not set; this program has no default server", name)
+	}
+	return v
 }

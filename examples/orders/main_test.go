@@ -70,33 +70,8 @@ func TestTheProgramShipsEachOrderOnce(t *testing.T) {
 		t.Skip("builds and runs the example")
 	}
 	t.Parallel()
-	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
-	broker := natstest.Start(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	p := start(t, "DATABASE_URL="+db.URL, "NATS_URL="+broker.URL(), "ADDR="+addr)
-	testenv.Eventually(t, 45*time.Second, "the service to be ready", func() bool {
-		resp, err := http.Get("http://" + addr + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	post := func(key string) *http.Response {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"item":"teapot"}`))
-		req.Header.Set(idem.HeaderKey, key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp
-	}
+	db, _, addr, p := startReady(t)
+	post := func(key string) *http.Response { return postOrder(t, addr, key) }
 	k1, k2 := string(idem.NewKey()), string(idem.NewKey())
 	if r := post(k1); r.StatusCode != http.StatusAccepted {
 		t.Fatalf("first order: %d\n%s", r.StatusCode, p.logs())
@@ -181,6 +156,104 @@ func TestTheProgramListensOnLoopbackByDefault(t *testing.T) {
 	if err == nil || !strings.Contains(p.logs(), "listen tcp 127.0.0.1:8080") {
 		t.Fatalf("the program without ADDR: %v, want it to have tried 127.0.0.1:8080\n%s", err, p.logs())
 	}
+}
+
+// While the broker is away the program stays ready and takes orders into the
+// outbox, and says so in its log; the orders are shipped once the broker is back.
+// Its connection keeps reconnecting (nats.MaxReconnects(-1)), so an outage of any
+// length never ends it.
+func TestTheProgramTakesOrdersWhileTheBrokerIsAway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the example")
+	}
+	t.Parallel()
+	db, broker, addr, p := startReady(t)
+
+	broker.Stop()
+	testenv.Eventually(t, 20*time.Second, "a log line on the disconnect", func() bool {
+		return strings.Contains(p.logs(), "nats: disconnected from the broker")
+	})
+	if !ready(addr) {
+		t.Errorf("/readyz fails while the broker is away, though the ingress takes orders\n%s", p.logs())
+	}
+	key := string(idem.NewKey())
+	if r := postOrder(t, addr, key); r.StatusCode != http.StatusAccepted {
+		t.Fatalf("an order while the broker is away: %d, want 202\n%s", r.StatusCode, p.logs())
+	}
+	broker.Restart(t)
+	testenv.Eventually(t, 45*time.Second, "the order shipped once the broker is back", func() bool {
+		return db.Count(t, `SELECT count(*) FROM shipments WHERE key = $1`, key) == 1
+	})
+	if !strings.Contains(p.logs(), "nats: reconnected to the broker") {
+		t.Errorf("no log line on the reconnect:\n%s", p.logs())
+	}
+}
+
+// An unset NATS_URL (or DATABASE_URL) is refused, naming the variable: nats.Connect
+// would otherwise go to whatever listens on localhost:4222, someone else's broker
+// perhaps, and create the program's stream there.
+func TestTheProgramRefusesAnUnsetServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the example")
+	}
+	t.Parallel()
+	db := pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	for _, tc := range []struct{ env, name string }{
+		{"DATABASE_URL=" + db.URL, "NATS_URL"},
+		{"NATS_URL=nats://127.0.0.1:1", "DATABASE_URL"},
+	} {
+		p := start(t, tc.env, tc.name+"=", "ADDR=127.0.0.1:0")
+		err := p.wait(60 * time.Second)
+		if err == nil || !strings.Contains(p.logs(), tc.name+" is not set") {
+			t.Errorf("the program without %s: %v, want it refused by name\n%s", tc.name, err, p.logs())
+		}
+	}
+}
+
+// startReady runs the program on a database and a broker of its own, listening on
+// addr, and waits until it is ready.
+func startReady(t *testing.T) (db *pgtest.DB, broker *natstest.Server, addr string, p *process) {
+	t.Helper()
+	db = pgtest.NewWith(t, pgtest.Options{NoMigrate: true})
+	broker = natstest.Start(t)
+	addr = freeAddr(t)
+	p = start(t, "DATABASE_URL="+db.URL, "NATS_URL="+broker.URL(), "ADDR="+addr)
+	testenv.Eventually(t, 45*time.Second, "the service to be ready", func() bool { return ready(addr) })
+	return db, broker, addr, p
+}
+
+// freeAddr is a loopback address nothing listens on, for the program's ADDR.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// ready reports whether the program at addr answers /readyz with 200.
+func ready(addr string) bool {
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// postOrder posts an order with key to the program at addr.
+func postOrder(t *testing.T, addr, key string) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/orders", strings.NewReader(`{"item":"teapot"}`))
+	req.Header.Set(idem.HeaderKey, key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
 }
 
 // build compiles the program once for every test that runs it.

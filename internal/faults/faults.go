@@ -98,6 +98,11 @@ const (
 	// inside the handler call (a handler's bug), "kill" SIGKILLs the process there
 	// (a message that crashes its worker every time: a restart loop).
 	MarkedMessages Point = "consumer.marked-messages"
+
+	// IgnoreClosedConnection is a switch: armed, the worker logs a NATS
+	// connection that closed for good and keeps running on it, unready and
+	// publishing nothing, instead of ending.
+	IgnoreClosedConnection Point = "worker.ignore-closed-connection"
 )
 
 // MarkHeader marks a message for MarkedMessages.
@@ -105,7 +110,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages}
+	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -186,7 +191,7 @@ func Parse(spec string) (*Set, error) {
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
 	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true,
-	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true}
+	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
 // for "panic" and kills the process for "kill". Call it where the handler runs.

@@ -307,9 +307,7 @@ func (s *idSlot) startOne() (*proc, error) {
 		spec = append(spec, s.point)
 	}
 	fspec := strings.Join(spec, ",")
-	if st, err := s.log.Stat(); err == nil {
-		s.curFrom = st.Size()
-	}
+	s.curFrom = s.logSize()
 	fmt.Fprintf(s.log, "=== chaos: idworker %s incarnation #%d IDEM_FAULTS=%s\n", s.name, s.incarnation, fspec)
 	args := append([]string{"run", "--database-url", s.db.URL, "--nats-url", s.w.nats.URL(),
 		"--stream", idStream, "--subjects", idSubjects, "--ack-wait", idAckWait.String(), "--relay", relayMode()}, s.args...)
@@ -333,11 +331,7 @@ func (s *idSlot) up() (up, exited bool) {
 	if p.exited() {
 		return false, true
 	}
-	b, err := os.ReadFile(s.log.Name())
-	if err != nil || int64(len(b)) < from {
-		return false, false
-	}
-	tail := string(b[from:])
+	tail := s.logSince(from)
 	if s.consumers == 0 {
 		return strings.Contains(tail, "idworker: started"), false
 	}

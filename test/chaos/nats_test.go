@@ -152,6 +152,16 @@ func (n *natsServer) crashWith(ctx context.Context, down time.Duration, what str
 	return merr
 }
 
+// down is kill -9 without a restart: the broker stays away until start.
+func (n *natsServer) down() {
+	n.mu.Lock()
+	p := n.p
+	n.mu.Unlock()
+	p.kill()
+	<-p.done
+	fmt.Fprintf(n.log, "=== chaos: nats-server %s; down until restarted\n", p.outcome())
+}
+
 // streamMsgsDir is where the file store keeps stream's message blocks (account $G,
 // the one an unconfigured server has).
 func (n *natsServer) streamMsgsDir(stream string) string {

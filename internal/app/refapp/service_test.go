@@ -392,8 +392,10 @@ func scrape(t *testing.T, url string) string {
 	return string(raw)
 }
 
-// /readyz answers 200 while Postgres and NATS answer, and 503 naming NATS when the
-// broker goes away; it never echoes a driver's error.
+// /readyz follows the roles: while the broker is away a service with the ingress
+// stays ready (its intents wait in the outbox) and /healthz names the broker's
+// state; one without the ingress answers 503 naming NATS. Neither echoes a
+// driver's error.
 func TestReadyz(t *testing.T) {
 	s := setup(t)
 	broker := natstest.Start(t)
@@ -402,9 +404,12 @@ func TestReadyz(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	svc := refapptest.Start(t, s.env.DB.Pool, nc, s.config())
-	readyz := func() (int, string) {
-		resp, err := http.Get("http://" + svc.Addr() + "/readyz")
+	ingress := refapptest.Start(t, s.env.DB.Pool, nc, s.config())
+	cfg := s.config()
+	cfg.DisableIngress, cfg.DisableRetention = true, true
+	consumers := refapptest.Start(t, s.env.DB.Pool, nc, cfg)
+	get := func(svc *refapp.Service, path string) (int, string) {
+		resp, err := http.Get("http://" + svc.Addr() + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -412,14 +417,22 @@ func TestReadyz(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
-	if code, body := readyz(); code != http.StatusOK {
-		t.Fatalf("/readyz = %d %s", code, body)
+	for _, svc := range []*refapp.Service{ingress, consumers} {
+		if code, body := get(svc, "/readyz"); code != http.StatusOK {
+			t.Fatalf("/readyz = %d %s", code, body)
+		}
 	}
 	broker.Stop()
-	testenv.Eventually(t, 45*time.Second, "/readyz to report NATS down", func() bool {
-		code, body := readyz()
-		return code == http.StatusServiceUnavailable && strings.Contains(body, "nats")
+	testenv.Eventually(t, 45*time.Second, "/readyz of the service without the ingress to report NATS down", func() bool {
+		code, body := get(consumers, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "nats: ")
 	})
+	if code, body := get(ingress, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz of the ingress with the broker away = %d %s, want 200", code, body)
+	}
+	if code, body := get(ingress, "/healthz"); code != http.StatusOK || !strings.Contains(body, "nats: reconnecting") {
+		t.Errorf("/healthz of the ingress with the broker away = %d %s, want 200 naming the broker's state", code, body)
+	}
 }
 
 // C1 as users met it: a body just under 1 MiB of valid JSON was answered 202, and

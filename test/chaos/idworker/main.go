@@ -14,7 +14,8 @@
 // binary inside the module may; the shipped worker needs the idemfaults build tag.
 // It prints "idworker: started" once the worker runs, and exits 1 with the worker's
 // error when a component fails (a consumer refused another installation's
-// durable, say). produce enqueues each intent in a transaction of its own, wakes
+// durable, say, or its NATS connection closed for good: --nats-max-reconnects
+// bounds the attempts). produce enqueues each intent in a transaction of its own, wakes
 // the relays, and prints "produced KEY" after each commit.
 //
 // The tables chaos_effects and chaos_broken are the test's to create: a handler
@@ -110,6 +111,8 @@ func run(args []string) error {
 	maxDeliver := fs.Int("max-deliver", 0, "the consumers' MaxDeliver (0: the default)")
 	backoff := fs.Duration("backoff", 0, "a fixed redelivery delay after a failed attempt (0: the default backoff)")
 	reconcileAfter := fs.String("reconcile-after", "1s", "the reconciler's After (off: no reconciler)")
+	maxReconnects := fs.Int("nats-max-reconnects", -1, "the NATS connection's reconnect attempts before it closes for good (-1: without limit)")
+	reconnectWait := fs.Duration("nats-reconnect-wait", 100*time.Millisecond, "the pause between the NATS connection's reconnect attempts")
 	relayMode := fs.String("relay", "", "the relay: log, poll, or empty for log where it can run")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -130,7 +133,7 @@ func run(args []string) error {
 		return err
 	}
 	defer pool.Close()
-	nc, err := nats.Connect(*natsURL, nats.Name("idem-idworker"), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(*natsURL, nats.Name("idem-idworker"), nats.MaxReconnects(*maxReconnects), nats.ReconnectWait(*reconnectWait))
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}

@@ -1,4 +1,4 @@
-package consumer_test
+package idemtest_test
 
 import (
 	"context"
@@ -15,21 +15,25 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
-// A Handler runs its effect inside the Postgres transaction that claims the
-// message's key, so the effect and the claim commit together. Here the same intent
-// arrives twice (a producer retry the broker could not fold: another Msg-Id, the
-// same Idempotency-Key); the second copy finds the key claimed and runs nothing.
-func ExampleHandler() {
+// A consumer.Handler runs its effect inside the Postgres transaction that claims
+// the message's key, so the effect and the claim commit together. Here the same
+// intent arrives twice (a producer retry the broker could not fold: another
+// Msg-Id, the same Idempotency-Key); the second copy finds the key claimed and runs
+// nothing. The consumer is run by hand (consumer.New, Run), as the worker runs
+// each of its Consumers; Start gives it a database and a broker.
+func Example_inTransactionConsumer() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and the application's own,
 	// and an embedded JetStream.
-	env, err := testenv.Open(ctx, func(ctx context.Context, pool *pgxpool.Pool) error {
-		_, err := pool.Exec(ctx, `CREATE TABLE ledger (key text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL)`)
-		return err
+	env, err := idemtest.Start(ctx, idemtest.Config{
+		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+			_, err := pool.Exec(ctx, `CREATE TABLE ledger (key text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL)`)
+			return err
+		},
 	})
 	if err != nil {
 		log.Fatal(err)

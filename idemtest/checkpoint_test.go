@@ -1,6 +1,7 @@
-package consumer_test
+package idemtest_test
 
-// Tests of the checkpoint example's provider and handler (example_checkpoint_test.go):
+// Tests of the checkpoint example's provider and handler (example_checkpoint_test.go,
+// which lives here, beside idemtest.Start, so that it imports public packages only):
 // the fake provider keeps its promise, and the three-step charge survives a worker
 // dying at every position that matters.
 

@@ -1,4 +1,4 @@
-package consumer_test
+package idemtest_test
 
 import (
 	"bytes"
@@ -20,8 +20,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 
 // charge is the payload of a charge message.
@@ -329,15 +329,15 @@ func writeReply(w http.ResponseWriter, status int, body []byte, replayed bool) {
 	_, _ = w.Write(body)
 }
 
-// A charge in three steps through a payment provider, as an External handler with
-// recovery points. The provider is overloaded at the first capture: that attempt
-// fails, its lease is released with the recovery point "authorize", and the retry
-// resumes at the capture. The authorization is not sent a second time, and every
-// operation executes once.
-func ExampleEffect_Checkpoint() {
+// A charge in three steps through a payment provider, as a consumer.External
+// handler with recovery points (consumer.Effect.Checkpoint). The provider is
+// overloaded at the first capture: that attempt fails, its lease is released with
+// the recovery point "authorize", and the retry resumes at the capture. The
+// authorization is not sent a second time, and every operation executes once.
+func Example_checkpointedExternal() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and an embedded JetStream.
-	env, err := testenv.Open(ctx, nil)
+	env, err := idemtest.Start(ctx, idemtest.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
