@@ -20,11 +20,13 @@ import (
 // it (a missing stream or durable consumer). Like ReadyHandler it names
 // dependencies, never a driver's error.
 func (w *Worker) LiveHandler() http.Handler {
-	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		lines := append([]string{"ok", w.brokerLine()}, w.brokerProblems()...)
 		if w.ingress == nil {
 			lines = lines[:2] // readiness reports them
+		} else if problem := w.slotHealth(r.Context()); problem != "" {
+			lines = append(lines, problem)
 		}
 		_, _ = fmt.Fprintln(rw, strings.Join(lines, "\n"))
 	})
@@ -52,16 +54,16 @@ func (w *Worker) ReadyHandler() http.Handler {
 //
 //   - Every worker: started, no component failed (a NATS connection closed for
 //     good is one), Postgres answering, the lifetime invariant holding for the
-//     stream's current MaxAge and every registered consumer, and, where the log
-//     relay runs, its slot neither lost nor holding more WAL than
-//     RelayConfig.MaxSlotLag.
+//     stream's current MaxAge and every registered consumer.
 //   - A worker with an ingress takes HTTP requests, and a request needs Postgres
 //     only: its intent waits in the outbox while the broker is away. So it stays
 //     ready through a broker outage, which is the outage the outbox exists to
 //     absorb; LiveHandler, the metrics and the log show the broker's state.
 //   - A worker without an ingress (consumers, relay) works on the broker: it is
 //     ready only while NATS is connected and the stream and every durable
-//     consumer exist (or were recreated).
+//     consumer exist (or were recreated), and, where it runs the log relay, while
+//     the slot is neither lost nor holding more WAL than RelayConfig.MaxSlotLag
+//     (for a worker with an ingress, LiveHandler says so).
 func (w *Worker) Ready(ctx context.Context) []string {
 	var problems []string
 	w.mu.Lock()
@@ -84,12 +86,13 @@ func (w *Worker) Ready(ctx context.Context) []string {
 	if err := w.keeper.Health(); err != nil {
 		problems = append(problems, err.Error())
 	}
-	// A slot past its lag bound is the database's danger, not the broker's: its
-	// WAL fills Postgres' disk, whatever the roles.
-	if problem := w.slotHealth(ctx); problem != "" {
-		problems = append(problems, problem)
-	}
 	if w.ingress == nil {
+		// The relay's own readiness: a slot lost, or past its lag bound. An ingress
+		// stays ready (the slot's lag grows with a broker outage too, which the
+		// outbox absorbs); LiveHandler and the metrics show it.
+		if problem := w.slotHealth(ctx); problem != "" {
+			problems = append(problems, problem)
+		}
 		if st, _ := w.broker.state(); st != nats.CONNECTED {
 			problems = append(problems, w.brokerLine())
 		}

@@ -2,6 +2,8 @@ package worker_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -98,5 +101,42 @@ func TestPollingRelayTakesOverFromTheLogRelay(t *testing.T) {
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM pg_replication_slots WHERE database = current_database()`); n != 0 {
 		t.Errorf("slots left: %d, want 0 (a slot no relay reads keeps WAL)", n)
+	}
+}
+
+// A worker that runs the log relay without the ingress is unready while its slot
+// holds more WAL than Relay.MaxSlotLag; one with the ingress stays ready and says
+// so in /healthz.
+func TestSlotLagFailsTheRelaysReadiness(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	env.RequireLogRelay(t)
+	icfg := install.Config{Stream: install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}}
+	relayOnly, err := tryStart(t, env, icfg, worker.Config{Relay: worker.RelayConfig{MaxSlotLag: 1}, DisableRetention: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	withIngress, err := tryStart(t, env, icfg, worker.Config{Relay: worker.RelayConfig{MaxSlotLag: 1}, Ingress: &producer.Config{}, DisableRetention: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// WAL the slot has not confirmed yet: any write.
+	lagging := func(w *worker.Worker) bool {
+		env.DB.Count(t, `SELECT count(*) FROM (SELECT pg_logical_emit_message(false, 'test', 'x')) AS w`)
+		for _, p := range w.Ready(context.Background()) {
+			if strings.Contains(p, "more than Relay.MaxSlotLag 1") {
+				return true
+			}
+		}
+		return false
+	}
+	testenv.Eventually(t, 20*time.Second, "the relay-only worker unready for its slot's lag", func() bool { return lagging(relayOnly) })
+	if lagging(withIngress) {
+		t.Error("the worker with the ingress is unready for the slot's lag")
+	}
+	rec := httptest.NewRecorder()
+	withIngress.LiveHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	if !strings.Contains(rec.Body.String(), "more than Relay.MaxSlotLag 1") {
+		t.Errorf("/healthz of the ingress worker does not name the slot's lag:\n%s", rec.Body.String())
 	}
 }
