@@ -50,9 +50,10 @@ type Outbox struct {
 
 // relayedBy is which relay the outbox's new rows belong to, as last read.
 type relayedBy struct {
-	mu    sync.Mutex
-	byLog bool
-	read  time.Time
+	mu      sync.Mutex
+	byLog   bool
+	read    time.Time
+	reading bool // a reading is on its way
 }
 
 // relayedRecheck is how long a reading of the outbox's relay is trusted: a change
@@ -136,7 +137,7 @@ func (o *Outbox) insert(ctx context.Context, tx pgx.Tx, msgs []idem.Message, aga
 	if _, err := tx.Exec(ctx, rows.statement(o.q), rows.args()...); err != nil {
 		return fmt.Errorf("outbox: enqueue: %w", err)
 	}
-	if o.wake.Logged() || o.byLog(ctx) {
+	if o.wake.Logged() || o.byLog() {
 		return nil // the log relay reads the commit from its slot
 	}
 	if _, err := tx.Exec(ctx, o.q.Notify, o.q.Channel); err != nil {
@@ -292,21 +293,33 @@ func (o *Outbox) traced(ctx context.Context, m idem.Message, msgID string) map[s
 }
 
 // byLog reports whether the outbox's new rows belong to a log relay, which reads
-// commits from its slot and needs no wake-up. It reads the outbox's relay column
-// at most every relayedRecheck; a failed read says no.
-func (o *Outbox) byLog(ctx context.Context) bool {
+// commits from its slot and needs no wake-up. It answers from the last reading of
+// the outbox's relay column and, when that reading is older than relayedRecheck,
+// starts the next one in the background: the check never adds a round trip to
+// the caller's request. Until a first reading lands, and after a failed one, it
+// says no, which costs a NOTIFY nobody needs, never a missed one.
+func (o *Outbox) byLog() bool {
 	r := o.relayed
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if time.Since(r.read) < relayedRecheck {
-		return r.byLog
+	if !r.reading && time.Since(r.read) >= relayedRecheck {
+		r.reading = true
+		go o.readRelay()
 	}
-	var def string
-	if err := o.pool.QueryRow(ctx, o.q.RelayDefault).Scan(&def); err != nil {
-		return false
-	}
-	r.byLog, r.read = strings.HasPrefix(def, "'log'"), time.Now()
 	return r.byLog
+}
+
+// readRelay reads which relay new rows belong to into o.relayed.
+func (o *Outbox) readRelay() {
+	ctx, cancel := context.WithTimeout(context.Background(), relayedRecheck)
+	defer cancel()
+	var def string
+	err := o.pool.QueryRow(ctx, o.q.RelayDefault).Scan(&def)
+	r := o.relayed
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reading, r.read = false, time.Now()
+	r.byLog = err == nil && strings.HasPrefix(def, "'log'")
 }
 
 // Wake tells the relays that rows written with AddToBatch have committed. Call it
@@ -323,7 +336,7 @@ func (o *Outbox) byLog(ctx context.Context) bool {
 // An error means the NOTIFY failed; the rows are committed all the same and a
 // relay's poll will find them.
 func (o *Outbox) Wake(ctx context.Context) error {
-	if o.wake.Local() || o.byLog(ctx) {
+	if o.wake.Local() || o.byLog() {
 		return nil
 	}
 	if err := o.wake.Notify(ctx, func(ctx context.Context) error {
