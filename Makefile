@@ -4,7 +4,7 @@ GO ?= go
 # Packages whose tests run long multi-process scenarios get their own timeout.
 TEST_FLAGS ?= -race -count=1 -timeout 20m
 
-.PHONY: run test test-partitioned test-browser-client vet fuzz bench bench-go partbench chaos-soak chaos-cluster rss
+.PHONY: run test test-poll test-partitioned test-browser-client vet fuzz bench bench-go partbench chaos-soak chaos-cluster rss
 
 ## run: the worker with an embedded JetStream server (Postgres from DATABASE_URL)
 run:
@@ -23,9 +23,16 @@ test: vet test-browser-client
 
 # The packages whose SQL touches idem_inbox or idem_outbox, again on day-partitioned
 # tables (package partition): every test database is converted after migrating.
-PARTITIONED_PKGS ?= ./dedupe/ ./outbox/ ./internal/reconcile/ ./consumer/ ./worker/ ./idemtest/ ./internal/ops/
+# The same pass runs them on the polling relay (IDEM_TEST_RELAY=poll: test
+# databases owned by a role that may not replicate), so both relays are tested
+# where the outbox is read; the first pass runs everything on the log relay.
+PARTITIONED_PKGS ?= ./dedupe/ ./outbox/ ./internal/relay/ ./internal/reconcile/ ./consumer/ ./worker/ ./idemtest/ ./internal/ops/
 test-partitioned:
-	IDEM_TEST_PARTITIONED=1 $(GO) test -count=1 -timeout 10m $(PARTITIONED_PKGS)
+	IDEM_TEST_PARTITIONED=1 IDEM_TEST_RELAY=poll $(GO) test -count=1 -timeout 10m $(PARTITIONED_PKGS)
+
+## test-poll: the whole suite, chaos included, on the polling relay (about as long as `make test`)
+test-poll:
+	IDEM_TEST_RELAY=poll $(GO) test $(TEST_FLAGS) $(MODULES)
 
 vet:
 	$(GO) vet $(MODULES)
