@@ -261,8 +261,16 @@ SELECT (SELECT count(*) FROM idem_outbox WHERE generation > 0),
 	} else {
 		s.statsRedriven, s.statsUnproven = st.Delivery.Redriven, st.Delivery.Unproven
 	}
-	if s.stuck, s.stuckAtEnd, err = r.stuckSubscriptions(); err != nil {
-		return err
+	// A subscription stopped by a failed recreate is resumed at the consumer's
+	// next check of its durable (every CheckInterval, 5s): one that failed just
+	// before the run ended is given three checks to resume before it counts.
+	for deadline := time.Now().Add(3*5*time.Second + 2*time.Second); ; time.Sleep(250 * time.Millisecond) {
+		if s.stuck, s.stuckAtEnd, err = r.stuckSubscriptions(); err != nil {
+			return err
+		}
+		if s.stuckAtEnd == 0 || time.Now().After(deadline) {
+			break
+		}
 	}
 	f.store = s
 	return nil
