@@ -78,6 +78,16 @@ func SetByRelay(name string) bool {
 	return false
 }
 
+// ReservedByBroker reports whether header name is in the broker's own namespace:
+// NATS reads headers that begin with "Nats-" (any case) as instructions to the
+// stream (Nats-Rollup, Nats-TTL, Nats-Expected-Last-Sequence, ...). A producer may
+// not set them, and a copy of a delivered message's headers leaves them out, or a
+// publish could be refused until its row is dead-lettered, or purge other
+// messages of its subject.
+func ReservedByBroker(name string) bool {
+	return len(name) >= 5 && strings.EqualFold(name[:5], "Nats-")
+}
+
 // MaxMessageNameLen is the longest Message.Name accepted, in bytes.
 const MaxMessageNameLen = 128
 

@@ -356,8 +356,9 @@ func (dl *DeadLetters) republish(ctx context.Context, tx pgx.Tx, d DeadLetter) e
 func (d DeadLetter) message() idem.Message {
 	headers := make(map[string]string, len(d.Headers))
 	for k, v := range d.Headers {
-		// The relay sets its own headers afresh.
-		if !idem.SetByRelay(k) {
+		// The relay sets its own headers afresh; the broker's are instructions to
+		// the stream for the original publish, not part of the message.
+		if !idem.SetByRelay(k) && !idem.ReservedByBroker(k) {
 			headers[k] = v
 		}
 	}

@@ -183,7 +183,7 @@ func (c *Consumer) performLeased(ctx context.Context, d *Delivery, lr dedupe.Lea
 		// the fence cancelled Perform late or the lease ran out while the database
 		// stalled. Only a takeover (ErrLeaseLost) stops the record, and then the
 		// new holder performs it again with the same key.
-		c.complete(ctx, d, h, result, time.Since(start))
+		c.complete(ctx, d, h, result, time.Since(start), f.end())
 	case lost:
 		// Another worker holds the key, or may by the time this one could record
 		// anything: it performs the effect (again, with the same key) and
@@ -212,11 +212,19 @@ func chargedAttempts(d *Delivery, lr dedupe.LeaseResult) int {
 // message is held (heartbeats) and the record tried again. Only a takeover stops
 // it; failing to record costs a second attempt (with the same key) once the lease
 // expires.
-func (c *Consumer) complete(ctx context.Context, d *Delivery, h dedupe.Holder, result []byte, took time.Duration) {
+//
+// The record does not depend on ctx, the work context: a hard stop that cancelled
+// Perform must not also throw away the record of an effect that succeeded in spite
+// of it. Once the worker is stopping, the record is tried until leaseEnd (the end
+// of the lease by this worker's clock; a short grace if it has already passed),
+// since until then nobody can take the key over; only a database unreachable that
+// long leaves the key to a takeover.
+func (c *Consumer) complete(ctx context.Context, d *Delivery, h dedupe.Holder, result []byte, took time.Duration, leaseEnd time.Time) {
+	rctx := context.WithoutCancel(ctx)
 	lost := false
-	stopBeat := c.heartbeat(ctx, []*Delivery{d})
-	err := c.whileDatabaseDown(ctx, []*Delivery{d}, func() error {
-		err := c.inbox.CompleteLease(ctx, c.pool, h, result)
+	stopBeat := c.heartbeat(rctx, []*Delivery{d})
+	err := c.untilRecorded(ctx, d, leaseEnd, func(octx context.Context) error {
+		err := c.inbox.CompleteLease(octx, c.pool, h, result)
 		if errors.Is(err, dedupe.ErrLeaseLost) {
 			lost = true
 			return nil
@@ -268,19 +276,29 @@ type leaseFence struct {
 	timer  *time.Timer
 	margin time.Duration
 	ttl    time.Duration
+	sent   time.Time // of the statement that started or last extended the lease
 }
 
 func (c *Consumer) fence(cancel context.CancelCauseFunc, sent time.Time) *leaseFence {
 	margin := max(c.cfg.LeaseFor/5, 10*time.Millisecond)
-	f := &leaseFence{margin: margin, ttl: c.cfg.LeaseFor}
+	f := &leaseFence{margin: margin, ttl: c.cfg.LeaseFor, sent: sent}
 	f.timer = time.AfterFunc(time.Until(sent.Add(f.ttl-margin)), func() { cancel(errLeaseRunningOut) })
 	return f
+}
+
+// end is when the lease ends by this worker's clock: LeaseFor after the statement
+// that started or last extended it was sent.
+func (f *leaseFence) end() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.sent.Add(f.ttl)
 }
 
 // extended moves the deadline after an extension whose statement was sent at sent.
 func (f *leaseFence) extended(sent time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.sent = sent
 	f.timer.Reset(time.Until(sent.Add(f.ttl - f.margin)))
 }
 

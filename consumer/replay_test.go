@@ -71,9 +71,16 @@ func TestReplayDeadLetter(t *testing.T) {
 	if dl.Headers[idem.HeaderEnqueuedAt] == "" {
 		t.Fatalf("the dead letter lacks the relay's %s header: %v", idem.HeaderEnqueuedAt, dl.Headers)
 	}
+	// The delivered headers can hold the broker's own (a publish option's
+	// Nats-Expected-Stream): instructions to the stream for that publish, which a
+	// replay must not repeat.
+	b.env.DB.Count(t, `WITH u AS (UPDATE idem_dead_letters SET headers = headers || '{"Nats-Expected-Stream": "IDEM"}'::jsonb RETURNING 1) SELECT count(*) FROM u`)
 	broken.Store(false) // the handler is fixed
 	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-replay' AND published_at IS NULL AND headers ? 'Nats-Expected-Stream'`); n != 0 {
+		t.Errorf("replay rows carrying the broker's Nats-Expected-Stream: %d, want 0", n)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-replay' AND published_at IS NULL`); n != 1 {
 		t.Fatalf("outbox rows waiting after the replay = %d, want 1", n)

@@ -92,7 +92,8 @@ func New(inst *install.Installation) *Outbox {
 // on one subject need distinct names, or a consumer folds them into one delivery.
 // Headers must be valid NATS headers and must not set the relay's own
 // (idem.SetByRelay): the relay derives them from the row, and a caller's own Msg-Id
-// would let the broker fold a different intent into this one.
+// would let the broker fold a different intent into this one. Nor may they use the
+// broker's Nats- prefix (idem.ReservedByBroker), which the stream obeys.
 // Each message gets a producer span (the installation's TracerProvider), whose trace context is
 // added to its headers through the global propagator.
 //
@@ -242,6 +243,9 @@ func (o *Outbox) check(m idem.Message) error {
 	for name, v := range m.Headers {
 		if idem.SetByRelay(name) {
 			return fmt.Errorf("header %s is set by the relay; do not set it", name)
+		}
+		if idem.ReservedByBroker(name) {
+			return fmt.Errorf("header %s is in the broker's reserved Nats- namespace; do not set it", name)
 		}
 		if err := idem.ValidateHeader(name, v); err != nil {
 			return err

@@ -104,6 +104,8 @@ func TestEnqueueRefusesBadMessages(t *testing.T) {
 		// would make the others drop its message.
 		{"caller-set Idem-Replay-For", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderReplayFor: "charges"} }), nil, "set by the relay"},
 		{"caller-set Idem-Message", with(func(m *idem.Message) { m.Headers = map[string]string{idem.HeaderMessage: "line-1"} }), nil, "set by the relay"},
+		{"caller-set Nats-Rollup", with(func(m *idem.Message) { m.Headers = map[string]string{"Nats-Rollup": "sub"} }), nil, "reserved Nats- namespace"},
+		{"caller-set nats-ttl", with(func(m *idem.Message) { m.Headers = map[string]string{"nats-ttl": "1s"} }), nil, "reserved Nats- namespace"},
 		{"message name with a space", with(func(m *idem.Message) { m.Name = "line 1" }), nil, "message name"},
 		{"header name with a space", with(func(m *idem.Message) { m.Headers = map[string]string{"X Trace": "1"} }), nil, "header name"},
 		{"header value with a line break", with(func(m *idem.Message) { m.Headers = map[string]string{"X-Trace": "1\r\nNats-Msg-Id: forged"} }), nil, "line break"},

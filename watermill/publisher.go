@@ -122,9 +122,10 @@ func enqueue(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, subject string, 
 
 // dropped reports whether a metadata key never becomes a header: the key and scope
 // travel in the key itself, and the relay sets the Msg-Id and the enqueue time (a
-// handler that copies a consumed message's metadata would otherwise carry them).
+// handler that copies a consumed message's metadata would otherwise carry them);
+// the broker's Nats- headers are instructions to the stream, never forwarded.
 func dropped(name string) bool {
-	return name == idem.HeaderScope || idem.SetByRelay(name)
+	return name == idem.HeaderScope || idem.SetByRelay(name) || idem.ReservedByBroker(name)
 }
 
 // toIdem maps one Watermill message onto an outbox message.

@@ -272,7 +272,10 @@ func (w *Worker) fail(ctx context.Context, err error) {
 // marks its batch, effects complete). If ctx ends before that work is done, the
 // hard stop follows: the handlers' contexts are cancelled, so an in-transaction
 // batch rolls back and an external effect is abandoned, and their messages are
-// redelivered later, as after a crash; nothing is lost. Either way Stop returns
+// redelivered later, as after a crash; nothing is lost. An external effect whose
+// Perform returns success after its context was cancelled is still recorded: Stop
+// waits for that record as long as its lease holds (a short grace if it has
+// ended), so an effect that happened is not performed again by a takeover. Either way Stop returns
 // only once every goroutine of the worker has returned — after a hard stop, with
 // ctx's error. Otherwise it returns the first component failure, if there was one.
 //
