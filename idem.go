@@ -15,7 +15,8 @@
 //
 //   - client: the client side (durable journal, retries with the same key);
 //   - producer: the HTTP Idempotency-Key middleware of a producing service;
-//   - outbox: Enqueue inside the caller's transaction, and the Relay to JetStream;
+//   - install: the installation every component takes (pool, schema, stream);
+//   - outbox: Enqueue inside the caller's transaction (the worker's relay publishes it);
 //   - dedupe: the Postgres inbox, leases for external effects, the lifetime invariant;
 //   - consumer: the JetStream pull engine that runs handlers exactly once per key;
 //   - worker: the composition root that runs all of the above in a service;

@@ -3,16 +3,9 @@ module github.com/idemkit/idem/cmd
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/internal/app v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/internal/embeddednats v0.0.0-00010101000000-000000000000
-)
-
-replace (
-	github.com/idemkit/idem => ..
-	github.com/idemkit/idem/clients/browser => ../clients/browser
-	github.com/idemkit/idem/internal/app => ../internal/app
-	github.com/idemkit/idem/internal/embeddednats => ../internal/embeddednats
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/internal/app v0.1.0
+	github.com/idemkit/idem/internal/embeddednats v0.1.0
 )
 
 require (
@@ -37,7 +30,7 @@ require (
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
-	github.com/idemkit/idem/clients/browser v0.0.0-00010101000000-000000000000 // indirect
+	github.com/idemkit/idem/clients/browser v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect

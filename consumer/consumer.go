@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/otelmsg"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
@@ -74,7 +75,7 @@ func New(inst *install.Installation, cfg Config) (*Consumer, error) {
 	cfg = cfg.WithDefaults()
 	c := &Consumer{
 		inst: inst, pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: inst.Stream().Name,
-		inbox: dedupe.New(inst), st: inst.Store(), observer: inst.Observer(),
+		inbox: dedupe.New(inst), st: parts.Of(inst).Store, observer: inst.Observer(),
 		log:    inst.Logger().With("consumer", cfg.Name, "subject", cfg.Subject),
 		tracer: otelmsg.Tracer(inst.TracerProvider()),
 	}

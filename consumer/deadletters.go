@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
 )
@@ -169,7 +170,7 @@ type DeadLetters struct {
 // NewDeadLetters returns the dead letters of inst. It needs no NATS connection:
 // a replay goes through the outbox.
 func NewDeadLetters(inst *install.Installation) *DeadLetters {
-	return &DeadLetters{pool: inst.Pool(), q: inst.Store().DeadLetters, outbox: outbox.New(inst)}
+	return &DeadLetters{pool: inst.Pool(), q: parts.Of(inst).Store.DeadLetters, outbox: outbox.New(inst)}
 }
 
 // List returns up to limit dead letters (limit <= 0: all), replayed or not, newest

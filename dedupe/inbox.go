@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
 )
@@ -74,7 +75,7 @@ func (in *Inbox) relearnLayout(err error) {
 // table is partitioned (`worker partition`) and claims accordingly, so use one
 // Inbox per installation.
 func New(inst *install.Installation) *Inbox {
-	return &Inbox{q: inst.Store().Inbox, schema: inst.Schema()}
+	return &Inbox{q: parts.Of(inst).Store.Inbox, schema: inst.Schema()}
 }
 
 // fingerprint is the SHA-256 of a payload: what a key was first seen with.

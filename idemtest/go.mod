@@ -3,8 +3,8 @@ module github.com/idemkit/idem/idemtest
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/internal/embeddednats v0.0.0-00010101000000-000000000000
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/internal/embeddednats v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/nats-io/nats.go v1.55.0
 )
@@ -35,9 +35,4 @@ require (
 	golang.org/x/sys v0.50.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
-)
-
-replace (
-	github.com/idemkit/idem => ..
-	github.com/idemkit/idem/internal/embeddednats => ../internal/embeddednats
 )

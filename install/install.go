@@ -26,6 +26,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/installation"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
@@ -127,12 +128,14 @@ func (i *Installation) TracerProvider() trace.TracerProvider { return i.tracer }
 // Observer is told what every component does; it may be nil.
 func (i *Installation) Observer() idem.Observer { return i.cfg.Observer }
 
-// Store is the SQL of the installation's tables (internal: for idem's own
-// packages).
-func (i *Installation) Store() *store.Store { return i.store }
-
-// Waker wakes the installation's relays (internal: for idem's own packages).
-func (i *Installation) Waker() *wake.Waker { return i.waker }
+// idem's own packages read an installation's SQL and its relays' waker through
+// package parts, so the public value exports no internal type.
+func init() {
+	parts.RegisterInstallation(func(inst any) parts.Installation {
+		i := inst.(*Installation)
+		return parts.Installation{Store: i.store, Waker: i.waker}
+	})
+}
 
 // ID names the installation, once known (Identify): the database cluster, the
 // database and the schema of its tables. Empty before Identify.

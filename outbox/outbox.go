@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/otelmsg"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
 )
@@ -76,7 +77,7 @@ func New(inst *install.Installation) *Outbox {
 	}
 	return &Outbox{
 		subjects: inst.Stream().Subjects, maxPayload: maxPayload, stream: inst.Stream().Name,
-		q: inst.Store().Outbox, pool: inst.Pool(), wake: inst.Waker(),
+		q: parts.Of(inst).Store.Outbox, pool: inst.Pool(), wake: parts.Of(inst).Waker,
 		tracer: otelmsg.Tracer(inst.TracerProvider()), relayed: &relayedBy{},
 	}
 }

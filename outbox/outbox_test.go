@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -272,7 +273,7 @@ func TestBacklog(t *testing.T) {
 	env := testenv.New(t)
 	ob := outbox.New(env.Inst)
 	ctx := context.Background()
-	b, err := ops.ReadBacklog(ctx, env.DB.Pool, env.Inst.Store())
+	b, err := ops.ReadBacklog(ctx, env.DB.Pool, parts.Of(env.Inst).Store)
 	if err != nil || b.Pending != 0 || b.OldestCreatedAt != nil || b.OldestAge != 0 {
 		t.Fatalf("empty outbox: Backlog = %+v, %v", b, err)
 	}
@@ -280,7 +281,7 @@ func TestBacklog(t *testing.T) {
 	if _, err := env.DB.Pool.Exec(ctx, `UPDATE idem_outbox SET created_at = now() - interval '1 hour' WHERE key = 'k-1'`); err != nil {
 		t.Fatal(err)
 	}
-	b, err = ops.ReadBacklog(ctx, env.DB.Pool, env.Inst.Store())
+	b, err = ops.ReadBacklog(ctx, env.DB.Pool, parts.Of(env.Inst).Store)
 	if err != nil || b.Pending != 2 || b.OldestCreatedAt == nil || b.OldestAge < 59*60e9 {
 		t.Fatalf("Backlog = %+v, %v; want 2 pending, the oldest about an hour old", b, err)
 	}
@@ -291,7 +292,7 @@ func TestBacklog(t *testing.T) {
 	if n, err := r.Drain(ctx); err != nil || n != 2 {
 		t.Fatalf("Drain = %d, %v; want 2", n, err)
 	}
-	if b, err = ops.ReadBacklog(ctx, env.DB.Pool, env.Inst.Store()); err != nil || b.Pending != 0 || b.OldestCreatedAt != nil {
+	if b, err = ops.ReadBacklog(ctx, env.DB.Pool, parts.Of(env.Inst).Store); err != nil || b.Pending != 0 || b.OldestCreatedAt != nil {
 		t.Fatalf("after the drain: Backlog = %+v, %v; want nothing pending", b, err)
 	}
 }

@@ -40,6 +40,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
 )
@@ -232,7 +233,7 @@ func NewMiddleware(inst *install.Installation, cfg Config) (*Middleware, error) 
 		return nil, err
 	}
 	m := &Middleware{
-		pool: inst.Pool(), cfg: cfg, q: inst.Store().Requests, outbox: outbox.New(inst),
+		pool: inst.Pool(), cfg: cfg, q: parts.Of(inst).Store.Requests, outbox: outbox.New(inst),
 		log: inst.Logger(), observer: inst.Observer(),
 		waitMs: fmt.Sprintf("%dms", max(cfg.Wait.Milliseconds(), 1)), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime),
 	}

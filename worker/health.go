@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 )
 
@@ -137,7 +138,7 @@ func (w *Worker) slotHealth(ctx context.Context) string {
 	if w.logRelay == nil {
 		return ""
 	}
-	r, err := relay.ReadState(ctx, w.pool, w.inst.Store(), w.inst.Schema())
+	r, err := relay.ReadState(ctx, w.pool, parts.Of(w.inst).Store, w.inst.Schema())
 	switch {
 	case err != nil:
 		w.log.WarnContext(ctx, "readiness: reading the relay's slot failed", "err", err)

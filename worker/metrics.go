@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/buildinfo"
 	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/relay"
 )
@@ -271,7 +272,7 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descSkew, skew.Seconds())
 		gauge(descHeld, b2f(held))
 	}
-	if b, err := ops.ReadBacklog(ctx, w.pool, w.inst.Store()); err != nil {
+	if b, err := ops.ReadBacklog(ctx, w.pool, parts.Of(w.inst).Store); err != nil {
 		failed(scrapeBacklog, err)
 	} else {
 		gauge(descPending, float64(b.Pending))
@@ -286,7 +287,7 @@ func (c *backlogCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descAlerted, float64(s.Alerted))
 	}
 	if w.relay != nil {
-		if r, err := relay.ReadState(ctx, w.pool, w.inst.Store(), w.inst.Schema()); err != nil {
+		if r, err := relay.ReadState(ctx, w.pool, parts.Of(w.inst).Store, w.inst.Schema()); err != nil {
 			failed(scrapeRelay, err)
 		} else if r.Mode == relay.ModeLog {
 			gauge(descSlotLag, float64(r.SlotLagBytes))
@@ -400,8 +401,8 @@ func (l *lagWatch) sample(ctx context.Context) {
 
 func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }
 
-// LagHistory is the worker's recent readings of its stream's durable consumers,
-// every one on the stream whoever runs it: one reading every 10 s, for the last 15
-// minutes, taken from Start to Stop. It gives each consumer's rate and lag over
-// time (the console's plot: console.Config.Lag).
-func (w *Worker) LagHistory() *ops.LagHistory { return w.metrics.lag.hist }
+// The worker's lag history (its recent readings of its stream's durable
+// consumers, every one on the stream whoever runs it, from Start to Stop; the
+// console's plot, console.Config.Lag) is read through ops.LagOf, so the public
+// Worker exports no internal type.
+func init() { ops.RegisterLagOf(func(w any) *ops.LagHistory { return w.(*Worker).metrics.lag.hist }) }

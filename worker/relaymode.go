@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 )
 
@@ -28,7 +29,7 @@ func (w *Worker) chooseRelay(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
-		n, err := relay.UsePolling(ctx, w.pool, w.inst.Store(), c.Database, w.inst.Schema())
+		n, err := relay.UsePolling(ctx, w.pool, parts.Of(w.inst).Store, c.Database, w.inst.Schema())
 		if err != nil {
 			return fmt.Errorf("worker: %w", err)
 		}
@@ -45,7 +46,7 @@ func (w *Worker) chooseRelay(ctx context.Context) error {
 	if w.logRelay, err = relay.NewLog(w.inst, w.cfg.Relay.config(w.cfg), w.relay.Wake); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	w.inst.Waker().ByLog(true)
+	parts.Of(w.inst).Waker.ByLog(true)
 	w.log.InfoContext(ctx, "relay: log relay (reads committed outbox rows from a logical replication slot): "+why, "relay", relay.ModeLog)
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/partition"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/pgschema"
 )
 
@@ -118,7 +119,7 @@ func newCollector(inst *install.Installation, cfg RetentionConfig, keyLifetime t
 	schema := inst.Schema()
 	c := &collector{pool: inst.Pool(), schema: schema, cfg: cfg, keyLifetime: keyLifetime,
 		log: inst.Logger().With("component", "collector"), observe: inst.Observer(), clock: newClockGuard()}
-	st := inst.Store()
+	st := parts.Of(inst).Store
 	c.tables = []collectedTable{
 		{name: string(partition.Inbox), sql: st.Inbox.Collect, defaultSQL: st.Inbox.CollectIn(partition.DefaultPartition(schema, partition.Inbox))},
 		{name: "idem_requests", sql: st.Requests.Collect},

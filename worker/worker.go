@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/stop"
@@ -215,7 +216,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if w.logRelay != nil {
 		comps = append(comps, component{"log relay", func(ctx context.Context) error {
-			defer w.inst.Waker().ByLog(false) // the Outboxes of this process wake relays again
+			defer parts.Of(w.inst).Waker.ByLog(false) // the Outboxes of this process wake relays again
 			return w.logRelay.Run(ctx)
 		}})
 	}

@@ -56,7 +56,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&o.HTTPClients, "http-clients", o.HTTPClients, "plain-http, e2e-http, watermill-http: keep-alive clients in the max phase")
 	fs.IntVar(&o.HTTPRate, "http-rate", o.HTTPRate, "plain-http, e2e-http, watermill-http: offered requests/s in the latency phase")
 	fs.IntVar(&o.HTTPRateN, "http-rate-n", o.HTTPRateN, "plain-http, e2e-http, watermill-http: requests in the latency phase (at most -n)")
-	fs.StringVar(&o.WatermillDir, "watermill-dir", o.WatermillDir, "watermill-http: the peer's module directory, relative to where the bench runs (built with go build, then run)")
+	fs.StringVar(&o.WatermillDir, "watermill-dir", o.WatermillDir, "watermill-http: the peer's package directory, relative to where the bench runs (built with go build, then run)")
 	fs.Float64Var(&o.DupDrop, "dup-drop", o.DupDrop, "e2e-dup: fraction of committed batches whose acks are dropped")
 	fs.DurationVar(&o.DupAckWait, "dup-ack-wait", o.DupAckWait, "e2e-dup: consumer AckWait (how soon a dropped ack is redelivered)")
 	fs.StringVar(&o.Relay, "relay", "", "idem's relay in relay, e2e, e2e-dup, e2e-durability and e2e-http: log, poll, or empty for what the worker chooses (log where wal_level = logical and the role may replicate); atomic publish and ordered subjects always poll")

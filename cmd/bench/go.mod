@@ -3,16 +3,9 @@ module github.com/idemkit/idem/cmd/bench
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/internal/app v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/internal/embeddednats v0.0.0-00010101000000-000000000000
-)
-
-replace (
-	github.com/idemkit/idem => ../..
-	github.com/idemkit/idem/clients/browser => ../../clients/browser
-	github.com/idemkit/idem/internal/app => ../../internal/app
-	github.com/idemkit/idem/internal/embeddednats => ../../internal/embeddednats
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/internal/app v0.1.0
+	github.com/idemkit/idem/internal/embeddednats v0.1.0
 )
 
 require (
@@ -22,28 +15,37 @@ require (
 )
 
 require (
+	github.com/ThreeDotsLabs/watermill v1.5.1
+	github.com/ThreeDotsLabs/watermill-nats/v2 v2.1.3
+	github.com/ThreeDotsLabs/watermill-sql/v4 v4.1.2
 	github.com/antithesishq/antithesis-sdk-go v0.9.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cenkalti/backoff/v5 v5.0.3
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/felixge/httpsnoop v1.1.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/idemkit/idem/clients/browser v0.0.0-00010101000000-000000000000 // indirect
+	github.com/idemkit/idem/clients/browser v0.1.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/klauspost/compress v1.20.4 // indirect
+	github.com/lib/pq v1.10.9
+	github.com/lithammer/shortuuid/v3 v3.0.7
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.3 // indirect
 	github.com/nats-io/nkeys v0.4.17 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/oklog/ulid v1.3.1
+	github.com/pkg/errors v0.9.1
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/sony/gobreaker v1.0.0
 	github.com/wneessen/go-mail v0.8.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp v0.72.0 // indirect

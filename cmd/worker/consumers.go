@@ -7,7 +7,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/idemkit/idem/internal/registry"
+	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/install"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -71,7 +72,11 @@ func runConsumersRename(o *consumersRenameOptions, stdout, _ io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	if err := registry.Rename(ctx, pool, o.db.schema, from, to, o.force); err != nil {
+	inst, err := install.New(pool, nil, refapp.Config{Schema: o.db.schema}.InstallConfig())
+	if err != nil {
+		return fmt.Errorf("consumers rename: %w", err)
+	}
+	if err := consumer.Rename(ctx, inst, from, to, o.force); err != nil {
 		return fmt.Errorf("consumers rename: %w", err)
 	}
 	fmt.Fprintf(stdout, "renamed consumer %s to %s: its inbox, attempts, dead letters and registry entry\n", from, to)
@@ -120,7 +125,11 @@ func runConsumersForget(o *consumersForgetOptions, stdout, _ io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	forgot, err := registry.Forget(ctx, pool, o.db.schema, o.name)
+	inst, err := install.New(pool, nil, refapp.Config{Schema: o.db.schema}.InstallConfig())
+	if err != nil {
+		return fmt.Errorf("consumers forget: %w", err)
+	}
+	forgot, err := consumer.Forget(ctx, inst, o.name)
 	if err != nil {
 		return fmt.Errorf("consumers forget: %w", err)
 	}

@@ -3,15 +3,9 @@ module github.com/idemkit/idem/internal/app
 go 1.26.0
 
 require (
-	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/clients/browser v0.0.0-00010101000000-000000000000
-	github.com/idemkit/idem/internal/embeddednats v0.0.0-00010101000000-000000000000
-)
-
-replace (
-	github.com/idemkit/idem => ../..
-	github.com/idemkit/idem/clients/browser => ../../clients/browser
-	github.com/idemkit/idem/internal/embeddednats => ../embeddednats
+	github.com/idemkit/idem v0.1.0
+	github.com/idemkit/idem/clients/browser v0.1.0
+	github.com/idemkit/idem/internal/embeddednats v0.1.0
 )
 
 require (

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -317,7 +318,7 @@ func TestStatsCountsAndOldestPending(t *testing.T) {
 	}
 
 	// Stats' backlog is ReadBacklog's, the one definition, to the row.
-	b, err := ops.ReadBacklog(context.Background(), db.Pool, tables(t, db, "").Store())
+	b, err := ops.ReadBacklog(context.Background(), db.Pool, parts.Of(tables(t, db, "")).Store)
 	if err != nil {
 		t.Fatal(err)
 	}

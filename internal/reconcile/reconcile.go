@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
 )
@@ -113,7 +114,7 @@ func New(inst *install.Installation, cfg Config) (*Reconciler, error) {
 	}
 	cfg = cfg.withDefaults()
 	return &Reconciler{inst: inst, pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: inst.Stream().Name,
-		log: inst.Logger().With("component", "reconciler"), observe: inst.Observer(), st: inst.Store()}, nil
+		log: inst.Logger().With("component", "reconciler"), observe: inst.Observer(), st: parts.Of(inst).Store}, nil
 }
 
 // Config returns the configuration with defaults filled in.

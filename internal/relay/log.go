@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
 )
@@ -97,7 +98,7 @@ func NewLog(inst *install.Installation, cfg Config, handedOver func()) (*LogRela
 	}
 	stream := inst.Stream().Name
 	return &LogRelay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, schema: inst.Schema(),
-		log: inst.Logger().With("component", "relay", "relay", ModeLog), observe: inst.Observer(), st: inst.Store(),
+		log: inst.Logger().With("component", "relay", "relay", ModeLog), observe: inst.Observer(), st: parts.Of(inst).Store,
 		pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)}, tracer: otelmsg.Tracer(inst.TracerProvider()),
 		handedOver: handedOver, awaitProof: cfg.AwaitProof}, nil
 }

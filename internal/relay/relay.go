@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
@@ -173,7 +174,7 @@ func New(inst *install.Installation, cfg Config) (*Relay, error) {
 	cfg = cfg.withDefaults()
 	stream := inst.Stream().Name
 	r := &Relay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, log: inst.Logger().With("component", "relay"),
-		observe: inst.Observer(), st: inst.Store(), waker: inst.Waker(), channel: inst.Store().Outbox.Channel,
+		observe: inst.Observer(), st: parts.Of(inst).Store, waker: parts.Of(inst).Waker, channel: parts.Of(inst).Store.Outbox.Channel,
 		tracer: otelmsg.Tracer(inst.TracerProvider()), pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)},
 		wake: make(chan struct{}, 1)}
 	r.cfg.OrderedSubjects = append([]string(nil), cfg.OrderedSubjects...)

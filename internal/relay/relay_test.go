@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -154,7 +155,7 @@ func notifies(t *testing.T, env *testenv.Env, inst *install.Installation) func()
 	}
 	conn := pc.Hijack()
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	channel := inst.Store().Outbox.Channel
+	channel := parts.Of(inst).Store.Outbox.Channel
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}

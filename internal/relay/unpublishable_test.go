@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/ops"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/natstest"
@@ -151,7 +152,7 @@ func TestRelayDeadLettersARowTheBrokerRefuses(t *testing.T) {
 		t.Errorf("the refused row is not marked dead-lettered")
 	}
 	// It is not pending any more: the backlog says nothing waits.
-	if bl, err := ops.ReadBacklog(context.Background(), b.db.Pool, b.inst.Store()); err != nil || bl.Pending != 0 {
+	if bl, err := ops.ReadBacklog(context.Background(), b.db.Pool, parts.Of(b.inst).Store); err != nil || bl.Pending != 0 {
 		t.Errorf("backlog = %+v, %v; want nothing pending", bl, err)
 	}
 }

@@ -38,7 +38,7 @@ func newConsole(pool *pgxpool.Pool, w *worker.Worker, reg *prometheus.Registry, 
 	}
 	dls := consumer.NewDeadLetters(w.Installation())
 	h, err := console.New(console.Config{
-		Ops: r, DeadLetters: dls, JetStream: w.Installation().JetStream(), Stream: StreamName, Lag: w.LagHistory(), Metrics: reg,
+		Ops: r, DeadLetters: dls, JetStream: w.Installation().JetStream(), Stream: StreamName, Lag: ops.LagOf(w), Metrics: reg,
 		Logger: cfg.Logger, Prefix: ConsolePath,
 		Token: cfg.Console.Token, BasicUser: cfg.Console.BasicUser, BasicPassword: cfg.Console.BasicPassword,
 	})

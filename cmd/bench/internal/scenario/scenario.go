@@ -119,7 +119,7 @@ type Options struct {
 	HTTPClients     int // HTTP scenarios: keep-alive clients of the max phase
 	HTTPRate        int // HTTP scenarios: offered requests/s of the latency phase
 	HTTPRateN       int // HTTP scenarios: requests of the latency phase (at most N)
-	// WatermillDir is the watermill-http peer's module directory.
+	// WatermillDir is the watermill-http peer's package directory.
 	WatermillDir string
 	// Relay is the relay idem's scenarios run: "log", "poll", or "" for what the
 	// worker would choose (the log relay where the server allows it).

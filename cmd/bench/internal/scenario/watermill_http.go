@@ -17,9 +17,9 @@ import (
 
 // watermillHTTP is the peer: the HTTP shape of e2e-http built with Watermill
 // (watermill-sql publisher in the request transaction, its forwarder to
-// JetStream, a router with its Deduplicator). It is a program of its own in a
-// nested module (-watermill-dir), so Watermill's dependencies stay out of idem's
-// go.mod; this scenario builds it, runs it with the HTTP scenarios' settings, and
+// JetStream, a router with its Deduplicator). It is a program of its own
+// (-watermill-dir) in the benchmark's module, so Watermill's dependencies stay out
+// of the library's go.mod; this scenario builds it, runs it with the HTTP scenarios' settings, and
 // reads its rows (Result JSON) from its stdout.
 type watermillHTTP struct{}
 
@@ -37,8 +37,8 @@ func (s watermillHTTP) Rows(o Options) []string { return httpRows(s.Name(), o) }
 // passes through.
 func (s watermillHTTP) Run(ctx context.Context, h *Harness) ([]report.Result, error) {
 	o := h.Opts
-	if _, err := os.Stat(filepath.Join(o.WatermillDir, "go.mod")); err != nil {
-		return nil, fmt.Errorf("%s: no peer module at %s (run the bench from the repository root, or set -watermill-dir): %w", s.Name(), o.WatermillDir, err)
+	if _, err := os.Stat(filepath.Join(o.WatermillDir, "main.go")); err != nil {
+		return nil, fmt.Errorf("%s: no peer program at %s (run the bench from the repository root, or set -watermill-dir): %w", s.Name(), o.WatermillDir, err)
 	}
 	tmp, err := os.MkdirTemp("", "idem-bench-watermill-")
 	if err != nil {
