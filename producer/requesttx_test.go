@@ -123,7 +123,7 @@ func writeRow(w http.ResponseWriter, r *http.Request) (*producer.Intent, bool) {
 }
 
 // TestRequestCostsTwoRoundTripsOfItsOwn pins what a request alone sends: BEGIN
-// with the claim, the handler's own statement, and the outbox row, the stored
+// with the key's lock and the lookup of its record, the handler's own statement, and the outbox row, the stored
 // response and COMMIT together. With BEGIN and COMMIT sent by themselves (pgx's
 // Tx) the transaction would take five round trips instead of three.
 func TestRequestCostsTwoRoundTripsOfItsOwn(t *testing.T) {
@@ -148,7 +148,7 @@ func TestRequestCostsTwoRoundTripsOfItsOwn(t *testing.T) {
 		}
 		// No relay runs in this process, so after the commit Wake sends one NOTIFY
 		// for the relays elsewhere, outside the transaction.
-		want := "BEGIN; INSERT INTO idem_requests | INSERT INTO test_writes | INSERT INTO idem_outbox; UPDATE idem_requests SET; COMMIT | SELECT pg_notify($1, '')"
+		want := "BEGIN; SELECT pg_advisory_xact_lock(" + lockSpace + ", $1); SELECT fingerprint, status, | INSERT INTO test_writes | INSERT INTO idem_outbox; INSERT INTO idem_requests; COMMIT | SELECT pg_notify($1, '')"
 		if got := rt.String(); got != want {
 			t.Fatalf("request %d sent\n  %s\nwant\n  %s", i, got, want)
 		}
