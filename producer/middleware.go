@@ -216,7 +216,8 @@ type Middleware struct {
 	// keyAgeLimit: a UUIDv7 key older than this with no live record is refused;
 	// keyAgeMargin: one dated further than this ahead of this process's clock too.
 	keyAgeLimit, keyAgeMargin time.Duration
-	clock                     *clockWatch // the database's clock against this process's
+	clock                     *clockWatch      // the database's clock against this process's
+	now                       func() time.Time // this process's wall clock (tests set it)
 }
 
 // NewMiddleware returns the ingress of inst: a Middleware that keeps its records
@@ -233,7 +234,7 @@ func NewMiddleware(inst *install.Installation, cfg Config) (*Middleware, error) 
 		pool: inst.Pool(), cfg: cfg, q: inst.Store().Requests, outbox: outbox.New(inst),
 		log: inst.Logger(), observer: inst.Observer(),
 		waitMs: fmt.Sprintf("%dms", max(cfg.Wait.Milliseconds(), 1)), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime),
-		keyAgeMargin: keyAgeMargin(cfg.KeyLifetime), clock: newClockWatch(),
+		keyAgeMargin: keyAgeMargin(cfg.KeyLifetime), clock: newClockWatch(), now: time.Now,
 	}
 	if cfg.MaxInFlight > 0 {
 		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
@@ -379,7 +380,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		a.fromRecord(rec, fp)
 		return
 	}
-	if code, msg, refused := m.keyAgeRefusal(key, time.Now()); refused {
+	if code, msg, refused := m.keyAgeRefusal(key, m.now()); refused {
 		// No live record, and the key's age says it must not execute (keyage.go).
 		a.end(tx)
 		a.reject(http.StatusUnprocessableEntity, code, msg)
@@ -563,7 +564,7 @@ func (m *Middleware) forgets(ctx context.Context, a *answer, rec record) bool {
 			"ahead", skew.Round(time.Second), "expires_at", rec.expiresAt)
 		return false
 	}
-	if rec.expiresAt.After(time.Now()) {
+	if rec.expiresAt.After(m.now()) {
 		a.log.WarnContext(ctx, "producer: a record the database's clock calls expired is live by this process's clock; replayed, not forgotten",
 			"expires_at", rec.expiresAt, "database_now", rec.dbNow)
 		return false
