@@ -6,20 +6,22 @@ package producer
 //
 // The whole request is one transaction:
 //
-//	BEGIN; SET LOCAL lock_timeout = Wait                                    -- 1 round trip
-//	  INSERT INTO idem_requests (scope, key, ...) ON CONFLICT DO NOTHING   -- claim
+//	BEGIN                                                                   -- 1 round trip
+//	  SELECT pg_advisory_xact_lock(space, hash(scope, key))  -- claim: lock_timeout = Wait
+//	  SELECT ... FROM idem_requests WHERE (scope, key)       -- a record: replay it
 //	  handler(ctx with tx)        -- business rows; Intent.Enqueue only queues
-//	  INSERT INTO idem_outbox ...; UPDATE idem_requests SET response = ... -- 1 round trip
+//	  INSERT INTO idem_outbox ...; INSERT INTO idem_requests (response) -- 1 round trip
 //	COMMIT
 //	wake the relay                -- outside the transaction (outbox.Outbox.Wake)
 //	write the captured response
 //
-// Because the claim, the effect and the remembered response commit together, there
-// is no moment at which one exists without the others: a crash anywhere before COMMIT
-// leaves no trace, and the client's retry (same key) simply executes again. A
-// concurrent duplicate needs no polling or "in progress" state either: its INSERT
-// blocks on the first arrival's uncommitted unique-index entry and wakes up when that
-// transaction ends, then replays (commit) or executes (rollback).
+// The record is written once, finished, with the effect it answers for: a crash
+// anywhere before COMMIT leaves no trace, and the client's retry (same key) simply
+// executes again. A concurrent duplicate needs no polling or "in progress" row
+// either: it waits on the first arrival's lock, which Postgres drops when that
+// transaction ends (commit, rollback, or its connection's death), then looks the
+// record up and replays (commit) or executes (no record). The record's primary key
+// stays the last guard: a second record for the key fails to commit.
 
 import (
 	"bytes"
