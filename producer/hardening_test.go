@@ -191,3 +191,67 @@ func TestMiddlewareRefusesKeysOlderThanItsMemory(t *testing.T) {
 		t.Errorf("the old key ran again: %d writes, want %d", n, writes)
 	}
 }
+
+// A UUIDv7 key dated ahead of the ingress's clock by more than the margin for
+// clocks is refused (422 idempotency_key_clock_skew, not final: nothing of it ever
+// ran), not counted as young; within the margin it executes.
+func TestMiddlewareRefusesKeysDatedAhead(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	app := newTestApp(t)
+	h := newMiddleware(t, db.Pool, producer.Config{KeyLifetime: 48 * time.Hour}).Wrap(app)
+	now := time.Now()
+	for _, ahead := range []time.Duration{2 * time.Hour, 30 * 24 * time.Hour, 10 * 365 * 24 * time.Hour} {
+		w := req{path: "/ok", key: key(keyMintedAt(t, now.Add(ahead))), body: "{}"}.send(h)
+		if w.Code != http.StatusUnprocessableEntity || errCode(t, w) != "idempotency_key_clock_skew" {
+			t.Errorf("a key dated %v ahead: %d %s, want 422 idempotency_key_clock_skew", ahead, w.Code, w.Body)
+		}
+		if !strings.Contains(w.Body.String(), "send the intent again under a key minted on a corrected clock") {
+			t.Errorf("the refusal does not say what to do: %s", w.Body)
+		}
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_requests`); n != 0 || app.calls.Load() != 0 {
+		t.Fatalf("keys dated ahead ran the handler (%d calls) or left %d records", app.calls.Load(), n)
+	}
+	if w := (req{path: "/ok", key: key(keyMintedAt(t, now.Add(30*time.Minute))), body: "{}"}).send(h); w.Code != http.StatusCreated {
+		t.Errorf("a key dated 30m ahead (within the margin): %d %s, want 201", w.Code, w.Body)
+	}
+	// Behind: the expired refusal says how far, for a client that minted it just now.
+	w := req{path: "/ok", key: key(keyMintedAt(t, now.Add(-50*time.Hour))), body: "{}"}.send(h)
+	if errCode(t, w) != "idempotency_key_expired" || !strings.Contains(w.Body.String(), "the client's clock is about") {
+		t.Errorf("a key dated 50h behind: %d %s, want idempotency_key_expired naming the clock", w.Code, w.Body)
+	}
+}
+
+// An expired record is forgotten, and its key executed again, only when this
+// process's clock agrees that it expired: here the database's clock is three days
+// ahead of the ingress's, the record's expiry passed by the database's clock and
+// not by the ingress's, and the request is a replay, not a second execution.
+func TestExpiredRecordKeptWhileTheClocksDisagree(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, pgtest.Options{})
+	ctx := context.Background()
+	app := newTestApp(t)
+	m := newMiddleware(t, db.Pool, producer.Config{KeyLifetime: 48 * time.Hour})
+	h := m.Wrap(app)
+	k := key("clock-1")
+	if w := (req{path: "/ok", key: k, body: "{}"}).send(h); w.Code != http.StatusCreated {
+		t.Fatalf("first: %d %s", w.Code, w.Body)
+	}
+	// As a forward jump of the database's clock leaves it: expired by now().
+	if _, err := db.Pool.Exec(ctx, `UPDATE idem_requests SET expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	producer.SetClock(m, func() time.Time { return time.Now().Add(-72 * time.Hour) })
+	if w := (req{path: "/ok", key: k, body: "{}"}).send(h); w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) != "true" {
+		t.Errorf("retry after the database's clock jumped: %d replayed=%q, want the stored 201 replayed", w.Code, w.Header().Get(idem.HeaderReplayed))
+	}
+	if n := db.Count(t, `SELECT count(*) FROM test_writes`); n != 1 {
+		t.Fatalf("writes = %d, want 1: the request ran again", n)
+	}
+	// Both clocks agree: the key names nothing any more and executes afresh.
+	producer.SetClock(m, time.Now)
+	if w := (req{path: "/ok", key: k, body: "{}"}).send(h); w.Code != http.StatusCreated || w.Header().Get(idem.HeaderReplayed) == "true" {
+		t.Errorf("after the expiry by both clocks: %d replayed=%q, want a new 201", w.Code, w.Header().Get(idem.HeaderReplayed))
+	}
+}

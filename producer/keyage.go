@@ -2,6 +2,7 @@ package producer
 
 import (
 	"encoding/binary"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,19 +24,48 @@ const maxKeyAgeMargin = time.Hour
 // no record was never seen, or was refused, and executing it is its first time;
 // an older one may name a request that executed and was forgotten since.
 func keyAgeLimit(lifetime time.Duration) time.Duration {
-	return lifetime - min(lifetime/4, maxKeyAgeMargin)
+	return lifetime - keyAgeMargin(lifetime)
 }
 
-// keyTooOld reports whether key carries its minting time (a UUIDv7, as idem.NewKey
-// mints) and is older than keyAgeLimit at now, with its age. Other keys carry no
-// time and are never too old.
-func (m *Middleware) keyTooOld(key idem.Key, now time.Time) (time.Duration, bool) {
+// keyAgeMargin is the allowance for the clocks: a quarter of lifetime, at most
+// maxKeyAgeMargin. It also bounds how far ahead of this process's clock a key may
+// be dated: a record lives KeyLifetime from the key's first arrival, and a key
+// accepted at most a margin before its minting time still meets a live record for
+// as long as keyAgeLimit lets it in.
+func keyAgeMargin(lifetime time.Duration) time.Duration {
+	return min(lifetime/4, maxKeyAgeMargin)
+}
+
+// keyAgeRefusal is the 422 a key with no live record gets for its age, if any.
+// The policy for the client's clock:
+//   - Behind: a key that looks older than keyAgeLimit is refused as
+//     idempotency_key_expired, final: its first request may have executed and been
+//     forgotten, and nothing here tells that from a fresh key minted on a clock that
+//     runs late. The answer says how old the key looks, so a client that minted it
+//     just now knows its clock is wrong.
+//   - Ahead: a key dated more than keyAgeMargin ahead is refused as
+//     idempotency_key_clock_skew. It never counts as young, which would let it in
+//     after its record was collected. Not final: this process's clock only moves
+//     on, so every earlier arrival of the key was refused too, and nothing of it
+//     ever executed; the intent may be sent again under a key minted on a right
+//     clock.
+func (m *Middleware) keyAgeRefusal(key idem.Key, now time.Time) (code, msg string, refused bool) {
 	minted, ok := uuidV7Time(string(key))
 	if !ok {
-		return 0, false
+		return "", "", false
 	}
-	age := now.Sub(minted)
-	return age, age > m.keyAgeLimit
+	switch age := now.Sub(minted); {
+	case age > m.keyAgeLimit:
+		return "idempotency_key_expired", fmt.Sprintf("this Idempotency-Key was minted %v ago, longer than this service remembers keys (%v): whether its request already took effect can no longer be told, so it is not executed. "+
+			"Do not re-send this intent under a new key without checking that it did not take effect; mint a new key only for a new intent. "+
+			"If the key was minted just now, the client's clock is about %v behind this service's (%s)",
+			age.Round(time.Second), m.cfg.KeyLifetime, age.Round(time.Second), now.UTC().Format(time.RFC3339)), true
+	case -age > m.keyAgeMargin:
+		return "idempotency_key_clock_skew", fmt.Sprintf("this Idempotency-Key is dated %v ahead of this service's clock (%s), more than the %v allowed: the client's clock is wrong. "+
+			"Nothing was executed or stored under this key, ever; send the intent again under a key minted on a corrected clock (or one dated by this service's Date header)",
+			(-age).Round(time.Second), now.UTC().Format(time.RFC3339), m.keyAgeMargin), true
+	}
+	return "", "", false
 }
 
 // uuidV7Time is the creation time of s when s is a UUIDv7 in its canonical text

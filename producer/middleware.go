@@ -6,20 +6,22 @@ package producer
 //
 // The whole request is one transaction:
 //
-//	BEGIN; SET LOCAL lock_timeout = Wait                                    -- 1 round trip
-//	  INSERT INTO idem_requests (scope, key, ...) ON CONFLICT DO NOTHING   -- claim
+//	BEGIN                                                                   -- 1 round trip
+//	  SELECT pg_advisory_xact_lock(space, hash(scope, key))  -- claim: lock_timeout = Wait
+//	  SELECT ... FROM idem_requests WHERE (scope, key)       -- a record: replay it
 //	  handler(ctx with tx)        -- business rows; Intent.Enqueue only queues
-//	  INSERT INTO idem_outbox ...; UPDATE idem_requests SET response = ... -- 1 round trip
+//	  INSERT INTO idem_outbox ...; INSERT INTO idem_requests (response) -- 1 round trip
 //	COMMIT
 //	wake the relay                -- outside the transaction (outbox.Outbox.Wake)
 //	write the captured response
 //
-// Because the claim, the effect and the remembered response commit together, there
-// is no moment at which one exists without the others: a crash anywhere before COMMIT
-// leaves no trace, and the client's retry (same key) simply executes again. A
-// concurrent duplicate needs no polling or "in progress" state either: its INSERT
-// blocks on the first arrival's uncommitted unique-index entry and wakes up when that
-// transaction ends, then replays (commit) or executes (rollback).
+// The record is written once, finished, with the effect it answers for: a crash
+// anywhere before COMMIT leaves no trace, and the client's retry (same key) simply
+// executes again. A concurrent duplicate needs no polling or "in progress" row
+// either: it waits on the first arrival's lock, which Postgres drops when that
+// transaction ends (commit, rollback, or its connection's death), then looks the
+// record up and replays (commit) or executes (no record). The record's primary key
+// stays the last guard: a second record for the key fails to commit.
 
 import (
 	"bytes"
@@ -59,10 +61,6 @@ const (
 	// slot before it is refused.
 	defaultMaxInFlightWait = 250 * time.Millisecond
 )
-
-// maxClaimAttempts bounds the claim loop, which only repeats when the record it
-// conflicted with expired or vanished (retention) between two statements.
-const maxClaimAttempts = 3
 
 // Config configures a Middleware. The zero value is valid and means the defaults
 // documented on each field.
@@ -218,8 +216,11 @@ type Middleware struct {
 	// waitMs is Wait as a lock_timeout setting, the claim's $7.
 	waitMs   string
 	inFlight chan struct{} // a slot per request in flight; nil when unbounded
-	// keyAgeLimit: a UUIDv7 key older than this with no live record is refused.
-	keyAgeLimit time.Duration
+	// keyAgeLimit: a UUIDv7 key older than this with no live record is refused;
+	// keyAgeMargin: one dated further than this ahead of this process's clock too.
+	keyAgeLimit, keyAgeMargin time.Duration
+	clock                     *clockWatch      // the database's clock against this process's
+	now                       func() time.Time // this process's wall clock (tests set it)
 }
 
 // NewMiddleware returns the ingress of inst: a Middleware that keeps its records
@@ -236,6 +237,7 @@ func NewMiddleware(inst *install.Installation, cfg Config) (*Middleware, error) 
 		pool: inst.Pool(), cfg: cfg, q: parts.Of(inst).Store.Requests, outbox: outbox.New(inst),
 		log: inst.Logger(), observer: inst.Observer(),
 		waitMs: fmt.Sprintf("%dms", max(cfg.Wait.Milliseconds(), 1)), keyAgeLimit: keyAgeLimit(cfg.KeyLifetime),
+		keyAgeMargin: keyAgeMargin(cfg.KeyLifetime), clock: newClockWatch(), now: time.Now,
 	}
 	if cfg.MaxInFlight > 0 {
 		m.inFlight = make(chan struct{}, cfg.MaxInFlight)
@@ -343,19 +345,29 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	fp := fingerprint(r.Method, r.URL.RequestURI(), body)
 
 	// 4. One transaction for claim, effect and stored response. BEGIN rides with
-	// the claim, and COMMIT with the stored response (requestTx).
-	var lockedAt time.Time
-	tx, err := begin(ctx, m.pool, m.q.ClaimFirst,
-		[]any{scope, string(key), fp, r.Method, r.URL.Path, m.cfg.KeyLifetime.Seconds(), m.waitMs},
-		func(row pgx.Row) error { return row.Scan(&lockedAt) })
+	// the claim, the key's lock and the lookup of its record, and COMMIT with the
+	// record, written once (requestTx).
+	var rec record
+	found := false
+	tx, err := begin(ctx, m.pool, m.q.Lock, []any{int32(store.RequestLock(scope, string(key))), m.waitMs},
+		m.q.Lookup, []any{scope, string(key)}, func(row pgx.Row) error {
+			err := row.Scan(&rec.fingerprint, &rec.status, &rec.code, &rec.header, &rec.body, &rec.expired, &rec.expiresAt, &rec.dbNow)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
 	if tx != nil {
 		defer a.end(tx) // a no-op once committed
 	}
-	claimed := claimResult{ok: err == nil}
-	if errors.Is(err, pgx.ErrNoRows) {
-		// The key has a record (or had: it may be expired or deleted meanwhile):
-		// the ordinary claim sorts that out.
-		claimed, err = m.claim(ctx, tx, scope, key, fp, r)
+	if err == nil && found && m.forgets(ctx, a, rec) {
+		// The key outlived its lifetime; it now names nothing. Its old record goes
+		// in this transaction, which holds the key.
+		if _, err = tx.Exec(ctx, m.q.DeleteExpired, scope, string(key)); err != nil {
+			err = fmt.Errorf("producer: delete expired record: %w", err)
+		}
+		found = false
 	}
 	if err != nil {
 		if isLockTimeout(err) {
@@ -365,20 +377,16 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		a.dbFailed(err)
 		return
 	}
-	if !claimed.ok {
+	if found {
 		// The key already names a finished request: answer from the record. The
 		// transaction did nothing, so the deferred rollback just ends it.
-		a.fromRecord(claimed.rec, fp)
+		a.fromRecord(rec, fp)
 		return
 	}
-	if age, old := m.keyTooOld(key, time.Now()); old {
-		// No live record, and the key is older than records are kept: its first
-		// request may have executed and been forgotten. Executing it now could be
-		// the second time; the claim is rolled back.
+	if code, msg, refused := m.keyAgeRefusal(key, m.now()); refused {
+		// No live record, and the key's age says it must not execute (keyage.go).
 		a.end(tx)
-		a.reject(http.StatusUnprocessableEntity, "idempotency_key_expired",
-			fmt.Sprintf("this Idempotency-Key was minted %v ago, longer than this service remembers keys (%v): whether its request already took effect can no longer be told, so it is not executed. "+
-				"Do not re-send this intent under a new key without checking that it did not take effect; mint a new key only for a new intent", age.Round(time.Second), m.cfg.KeyLifetime))
+		a.reject(http.StatusUnprocessableEntity, code, msg)
 		return
 	}
 
@@ -413,8 +421,17 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	// 6. Write the handler's outbox messages, remember the response and commit, in
 	// one round trip.
 	messages := intent.batch.Len()
-	intent.batch.Queue(m.q.Complete, scope, string(key), resp.status, storedHeader(resp.header), resp.body)
+	intent.batch.Queue(m.q.Record, scope, string(key), fp, r.Method, r.URL.Path,
+		resp.status, storedHeader(resp.header), resp.body, m.cfg.KeyLifetime.Seconds())
 	if err := tx.commit(ctx, intent.batch); err != nil {
+		if isRecordTaken(err) {
+			// Another transaction committed the key's record first (an ingress of an
+			// older release, which does not take the lock): this one is rolled back,
+			// and the first response is the answer.
+			a.end(tx)
+			m.replayCommitted(ctx, a, scope, key, fp)
+			return
+		}
 		// Most likely the handler ignored a failed statement and the transaction
 		// is aborted; either way nothing of this request survives. If instead the
 		// connection broke during COMMIT, the outcome is unknown. That is exactly
@@ -530,48 +547,51 @@ type record struct {
 	code        *int
 	header      http.Header
 	body        []byte
-	expired     bool
+	expired     bool      // by the database's clock
+	expiresAt   time.Time // the database's
+	dbNow       time.Time // the database's clock at the lookup
 }
 
-type claimResult struct {
-	ok  bool   // this transaction owns the key
-	rec record // otherwise: the record that owns it
-}
-
-// claim takes (scope, key) for this transaction, or returns the live record that
-// already holds it. An expired record is deleted and the key claimed afresh.
-func (m *Middleware) claim(ctx context.Context, tx pgx.Tx, scope string, key idem.Key, fp []byte, r *http.Request) (claimResult, error) {
-	for range maxClaimAttempts {
-		var lockedAt time.Time
-		err := tx.QueryRow(ctx, m.q.Claim, scope, string(key), fp, r.Method, r.URL.Path,
-			m.cfg.KeyLifetime.Seconds()).Scan(&lockedAt)
-		if err == nil {
-			return claimResult{ok: true}, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return claimResult{}, fmt.Errorf("producer: claim: %w", err)
-		}
-
-		var rec record
-		err = tx.QueryRow(ctx, m.q.Lookup, scope, string(key)).
-			Scan(&rec.fingerprint, &rec.status, &rec.code, &rec.header, &rec.body, &rec.expired)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			// Deleted by retention between the two statements: claim again.
-			continue
-		case err != nil:
-			return claimResult{}, fmt.Errorf("producer: look up record: %w", err)
-		case rec.expired:
-			// The key outlived its lifetime; it now names nothing. Delete the old
-			// record in this transaction and claim again.
-			if _, err := tx.Exec(ctx, m.q.DeleteExpired, scope, string(key)); err != nil {
-				return claimResult{}, fmt.Errorf("producer: delete expired record: %w", err)
-			}
-			continue
-		}
-		return claimResult{rec: rec}, nil
+// forgets reports whether rec, found by the lookup, is expired and may be
+// forgotten: only when the database's clock and this process's agree. A record is
+// forgotten and its key executed again, so a clock that jumped ahead would mean a
+// second execution; the record is kept (and replayed) while either clock says it
+// is live, or while the database's clock ran ahead of this process's (clockWatch).
+func (m *Middleware) forgets(ctx context.Context, a *answer, rec record) bool {
+	if !rec.expired {
+		m.clock.check(rec.dbNow)
+		return false
 	}
-	return claimResult{}, fmt.Errorf("producer: claim: record kept changing after %d attempts", maxClaimAttempts)
+	if skew, jumped := m.clock.check(rec.dbNow); jumped {
+		a.log.ErrorContext(ctx, "producer: the database's clock ran ahead of this process's; an expired record is kept and replayed, not forgotten",
+			"ahead", skew.Round(time.Second), "expires_at", rec.expiresAt)
+		return false
+	}
+	if rec.expiresAt.After(m.now()) {
+		a.log.WarnContext(ctx, "producer: a record the database's clock calls expired is live by this process's clock; replayed, not forgotten",
+			"expires_at", rec.expiresAt, "database_now", rec.dbNow)
+		return false
+	}
+	return true
+}
+
+// replayCommitted answers from the key's committed record after this request's
+// own record lost to it.
+func (m *Middleware) replayCommitted(ctx context.Context, a *answer, scope string, key idem.Key, fp []byte) {
+	var rec record
+	err := m.pool.QueryRow(ctx, m.q.Lookup, scope, string(key)).
+		Scan(&rec.fingerprint, &rec.status, &rec.code, &rec.header, &rec.body, &rec.expired, &rec.expiresAt, &rec.dbNow)
+	if err != nil {
+		a.dbFailed(fmt.Errorf("producer: look up the record that came first: %w", err))
+		return
+	}
+	a.fromRecord(rec, fp)
+}
+
+// isRecordTaken reports the unique violation of the key's record (Requests.Record).
+func isRecordTaken(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.TableName == "idem_requests"
 }
 
 // storesResponse reports whether a handler's status is a final answer worth

@@ -12,9 +12,9 @@ import (
 )
 
 // requestTx is a request's own transaction, on a connection the middleware holds
-// for the request. The middleware begins it in the round trip that claims the key,
-// and commits it in the round trip that writes the outbox rows and the stored
-// response: a request costs the middleware two round trips of its own, where pgx's
+// for the request. The middleware begins it in the round trip that locks the key
+// and looks its record up, and commits it in the round trip that writes the outbox
+// rows and the key's record: a request costs the middleware two round trips of its own, where pgx's
 // Tx, which sends BEGIN and COMMIT by themselves, costs four. The handler's
 // statements come in between.
 //
@@ -33,11 +33,11 @@ var errRequestTx = errors.New("producer: the middleware commits or rolls back th
 // already failed: Postgres then rolls back and says so in the command tag.
 var errCommitRolledBack = errors.New("producer: commit: the transaction had failed and was rolled back")
 
-// begin acquires a connection and sends BEGIN with first, the key's claim, in one
-// round trip. scan reads the claim's row; its error (pgx.ErrNoRows: the key is
-// taken) is returned. The transaction is open, possibly failed, after any error
-// but an acquire's: the caller ends it with rollback.
-func begin(ctx context.Context, pool *pgxpool.Pool, first string, args []any, scan func(pgx.Row) error) (*requestTx, error) {
+// begin acquires a connection and sends BEGIN, lock (the key's lock) and lookup
+// (the key's record) in one round trip. scan reads the lookup's row, or is given
+// pgx.ErrNoRows; its error is returned. The transaction is open, possibly failed,
+// after any error but an acquire's: the caller ends it with rollback.
+func begin(ctx context.Context, pool *pgxpool.Pool, lock string, lockArgs []any, lookup string, lookupArgs []any, scan func(pgx.Row) error) (*requestTx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("producer: begin: %w", err)
@@ -45,7 +45,8 @@ func begin(ctx context.Context, pool *pgxpool.Pool, first string, args []any, sc
 	t := &requestTx{conn: conn}
 	b := &pgx.Batch{}
 	b.Queue(sqlBeginRequest)
-	b.Queue(first, args...).QueryRow(scan)
+	b.Queue(lock, lockArgs...)
+	b.Queue(lookup, lookupArgs...).QueryRow(scan)
 	return t, conn.SendBatch(ctx, b).Close()
 }
 

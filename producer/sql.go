@@ -6,10 +6,11 @@ package producer
 //
 // Every statement runs inside the request's one transaction (see Middleware.Wrap).
 const (
-	// A request runs in a requestTx: BEGIN goes in one batch with the claim (store.Requests.ClaimFirst),
-	// COMMIT in one with the outbox INSERTs and the stored response. Extended-protocol
-	// statements, one per message, so no SET LOCAL can ride along: sqlClaimFirst
-	// sets the lock timeout itself.
+	// A request runs in a requestTx: BEGIN goes in one batch with the key's lock and
+	// the lookup of its record (store.Requests.Lock, Lookup), COMMIT in one with the
+	// outbox INSERTs and the key's record. Extended-protocol statements, one per
+	// message, so no SET LOCAL can ride along: the lock statement sets the lock
+	// timeout itself.
 	sqlBeginRequest    = `BEGIN`
 	sqlCommitRequest   = `COMMIT`
 	sqlRollbackRequest = `ROLLBACK`

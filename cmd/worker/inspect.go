@@ -220,9 +220,19 @@ func writeKeyReport(w io.Writer, rep *ops.KeyReport) {
 	}
 
 	p.section("HTTP request")
-	if q := rep.Request; q == nil {
+	if f := rep.InFlight; f != nil {
+		since := "its start is not visible to this role"
+		if f.Since != nil {
+			since = "running since " + p.time(*f.Since)
+		}
+		p.line(1, "in flight now: backend pid %d, %s; %s waiting; its record is written when it commits", f.PID, since, plural(int(f.Waiting), "duplicate"))
+	}
+	switch q := rep.Request; {
+	case q == nil && rep.InFlight != nil:
+		// Its record comes with its commit.
+	case q == nil:
 		p.line(1, "none (the messages were enqueued without the HTTP ingress, or the record expired)")
-	} else {
+	default:
 		code := "no response yet"
 		if q.ResponseCode != nil {
 			code = fmt.Sprintf("%d", *q.ResponseCode)

@@ -24,6 +24,7 @@ import (
 	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
@@ -590,4 +591,28 @@ func tablesOnlyOutbox(t *testing.T, db *pgtest.DB, schema string) *outbox.Outbox
 		t.Fatal(err)
 	}
 	return outbox.New(inst)
+}
+
+// A request the ingress is running has no record until it commits; inspect shows
+// it in flight by the key's lock.
+func TestInspectShowsARequestInFlight(t *testing.T) {
+	t.Parallel()
+	db := opsDB(t, "")
+	ctx := context.Background()
+	hold, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	if _, err := hold.Exec(ctx, store.New("").Requests.Lock, int32(store.RequestLock("tenant-a", "k-fly")), "5000ms"); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, code := worker(t, "inspect", "k-fly", "--scope", "tenant-a", "--database-url", db.URL)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	mustContain(t, "inspect", out, "in flight now: backend pid", "0 duplicates waiting", "its record is written when it commits")
+	if strings.Contains(out, "Nothing is known") {
+		t.Errorf("a key in flight is reported unknown:\n%s", out)
+	}
 }

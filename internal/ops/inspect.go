@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/internal/registry"
+	"github.com/idemkit/idem/internal/store"
 
 	"github.com/jackc/pgx/v5"
 
@@ -26,7 +27,10 @@ type KeyReport struct {
 	// every list below is empty.
 	Known bool `json:"known"`
 
-	Request     *Request     `json:"request"` // nil: no HTTP request recorded
+	Request *Request `json:"request"` // nil: no HTTP request recorded
+	// InFlight is the request of the key running at the ingress right now (it
+	// holds the key's lock; its record is written when it commits); nil when none.
+	InFlight    *InFlight    `json:"in_flight,omitempty"`
 	Outbox      []OutboxRow  `json:"outbox"`
 	Inbox       []InboxRow   `json:"inbox"`
 	DeadLetters []DeadLetter `json:"dead_letters"`
@@ -42,14 +46,25 @@ type KeyReport struct {
 
 // known reports whether any table mentions the key.
 func (r *KeyReport) known() bool {
-	return r.Request != nil || len(r.Outbox) > 0 || len(r.Inbox) > 0 || len(r.DeadLetters) > 0 || r.Effects.rows() > 0
+	return r.Request != nil || r.InFlight != nil || len(r.Outbox) > 0 || len(r.Inbox) > 0 || len(r.DeadLetters) > 0 || r.Effects.rows() > 0
+}
+
+// InFlight is a request of the key that the ingress is running: the backend whose
+// transaction holds the key's advisory lock (pg_locks), read live, not as of AsOf.
+type InFlight struct {
+	PID int32 `json:"pid"`
+	// Since is when its transaction began; nil when this role may not see other
+	// roles' sessions (pg_stat_activity; pg_read_all_stats grants it).
+	Since *time.Time `json:"since"`
+	// Waiting counts the duplicates waiting for it.
+	Waiting int64 `json:"waiting"`
 }
 
 // Request is the key's idem_requests row: the first response of the HTTP ingress.
 type Request struct {
 	Method       string    `json:"method"`
 	Path         string    `json:"path"`
-	Status       string    `json:"status"` // "running" until the handler's transaction commits, then "done"
+	Status       string    `json:"status"` // "done": written once, when the request commits ("running" only from an older release)
 	ResponseCode *int      `json:"response_code"`
 	ResponseBody Bytes     `json:"response_body"`
 	Fingerprint  string    `json:"fingerprint"` // hex
@@ -189,6 +204,13 @@ func (r *Reader) Inspect(ctx context.Context, scope string, key idem.Key) (*KeyR
 		}
 		if len(reqs) > 0 {
 			rep.Request = &reqs[0]
+		}
+		flying, err := queryAll(ctx, tx, "request in flight", r.st.Requests.InFlight, pgx.RowToStructByPos[InFlight], int64(store.RequestLock(scope, string(key))))
+		if err != nil {
+			return err
+		}
+		if len(flying) > 0 {
+			rep.InFlight = &flying[0]
 		}
 		if rep.Outbox, err = queryAll(ctx, tx, "outbox", r.st.Outbox.Inspect, scanOutbox, scoped); err != nil {
 			return err

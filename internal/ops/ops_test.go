@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/pgschema"
+	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/migrations"
@@ -434,5 +435,63 @@ func TestBytesJSONRoundTrip(t *testing.T) {
 		if (in == nil) != (out == nil) || string(in) != string(out) {
 			t.Errorf("%q -> %s -> %q", in, b, out)
 		}
+	}
+}
+
+// A request the ingress is running holds its key's lock and has no record yet:
+// inspect shows it in flight, with the duplicate waiting behind it, and stats
+// count it running; once it ends, neither does.
+func TestInspectShowsARequestInFlight(t *testing.T) {
+	t.Parallel()
+	db := newDB(t, "")
+	ctx := context.Background()
+	st := store.New("")
+	lock := int32(store.RequestLock("tenant-a", "k-fly"))
+	hold, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	if _, err := hold.Exec(ctx, st.Requests.Lock, lock, "5000ms"); err != nil {
+		t.Fatal(err)
+	}
+	// A duplicate waiting for it.
+	dup, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dup.Rollback(ctx)
+	waited := make(chan error, 1)
+	go func() { _, err := dup.Exec(ctx, st.Requests.Lock, lock, "5000ms"); waited <- err }()
+
+	r := newReader(t, db, ops.Config{})
+	testenv.Eventually(t, 5*time.Second, "the duplicate waits", func() bool {
+		rep, err := r.Inspect(ctx, "tenant-a", "k-fly")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.InFlight != nil && rep.InFlight.Waiting == 1
+	})
+	rep, _ := r.Inspect(ctx, "tenant-a", "k-fly")
+	if !rep.Known || rep.Request != nil || rep.InFlight.PID == 0 {
+		t.Fatalf("in flight: %+v / %+v", rep, rep.InFlight)
+	}
+	if other, _ := r.Inspect(ctx, "tenant-b", "k-fly"); other.InFlight != nil {
+		t.Errorf("the key in another scope shows in flight: %+v", other.InFlight)
+	}
+	s, err := r.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Requests.Running != 1 {
+		t.Errorf("running = %d, want 1", s.Requests.Running)
+	}
+	hold.Rollback(ctx)
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	dup.Rollback(ctx)
+	if rep, _ := r.Inspect(ctx, "tenant-a", "k-fly"); rep.InFlight != nil || rep.Known {
+		t.Errorf("after the request ended: %+v", rep.InFlight)
 	}
 }

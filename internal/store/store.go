@@ -36,7 +36,7 @@ const RelayConsumer = "(relay)"
 func New(schema string) *Store {
 	q := func(sql string) string { return pgschema.Qualify(schema, sql) }
 	return &Store{
-		Requests: newRequests(q), Outbox: newOutbox(q, pgschema.Channel(schema, "idem_outbox")), Published: newPublished(q), Inbox: newInbox(q),
+		Requests: newRequests(q, schema), Outbox: newOutbox(q, pgschema.Channel(schema, "idem_outbox")), Published: newPublished(q), Inbox: newInbox(q),
 		Attempts: newAttempts(q), DeadLetters: newDeadLetters(q), Consumers: newConsumers(q),
 	}
 }

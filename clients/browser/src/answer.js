@@ -6,7 +6,7 @@
  * time it was minted (UUIDv7), so the likely cause of such a refusal for a fresh
  * intent is this device's clock. These requests were not run.
  */
-export const keyAgeCodes = Object.freeze(["idempotency_key_expired"]);
+export const keyAgeCodes = Object.freeze(["idempotency_key_expired", "idempotency_key_clock_skew"]);
 
 /**
  * The error code a response body names: the string "code" member of a JSON

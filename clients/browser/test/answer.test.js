@@ -35,7 +35,8 @@ test("the message is chosen by the code; a key refused for its age names the clo
   assert.match(other, /amount must be at least 50/);
   assert.doesNotMatch(other, /different request|clock/);
   assert.match(rejectionMessage(400, "", ""), /^HTTP 400: /);
-  assert.deepEqual([...keyAgeCodes], ["idempotency_key_expired"]);
+  assert.deepEqual([...keyAgeCodes], ["idempotency_key_expired", "idempotency_key_clock_skew"]);
+  assert.equal(isKeyAgeCode("idempotency_key_clock_skew"), true);
   assert.equal(isKeyAgeCode("idempotency_key_expired"), true);
   assert.equal(isKeyAgeCode("idempotency_key_mismatch"), false);
   assert.equal(codeName("https://x.example/a/b/"), "b");
