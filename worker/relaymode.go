@@ -46,7 +46,6 @@ func (w *Worker) chooseRelay(ctx context.Context) error {
 	if w.logRelay, err = relay.NewLog(w.inst, w.cfg.Relay.config(w.cfg), w.relay.Wake); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	parts.Of(w.inst).Waker.ByLog(true)
 	w.log.InfoContext(ctx, "relay: log relay (reads committed outbox rows from a logical replication slot): "+why, "relay", relay.ModeLog)
 	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/internal/wake"
 )
 
 // LogRelay publishes the outbox rows that Postgres's log streams to it: a logical
@@ -59,6 +60,9 @@ type LogRelay struct {
 	pubOpts    []jetstream.PublishOpt
 	tracer     trace.Tracer
 	handedOver func() // wakes the polling relay that takes handed-over rows
+	// waker is told once new rows are a log relay's (the outbox's default says
+	// so): from then on this process's Outboxes wake no polling relay.
+	waker *wake.Waker
 	// awaitProof: windows wait for the reconciler's proof before the collector
 	// may delete them; without a reconciler a window is proven as it is written.
 	awaitProof bool
@@ -100,7 +104,7 @@ func NewLog(inst *install.Installation, cfg Config, handedOver func()) (*LogRela
 	return &LogRelay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, schema: inst.Schema(),
 		log: inst.Logger().With("component", "relay", "relay", ModeLog), observe: inst.Observer(), st: parts.Of(inst).Store,
 		pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)}, tracer: otelmsg.Tracer(inst.TracerProvider()),
-		handedOver: handedOver, awaitProof: cfg.AwaitProof}, nil
+		handedOver: handedOver, awaitProof: cfg.AwaitProof, waker: parts.Of(inst).Waker}, nil
 }
 
 // Reading reports whether this relay streams the slot now; the others of the
@@ -197,6 +201,9 @@ func (l *LogRelay) session(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if mode, err := relayDefault(ctx, l.pool, l.st); err == nil && mode == ModeLog {
+		l.waker.ByLog(true) // another relay, or an earlier session, took the rows over
+	}
 	if s.active {
 		return errStandby{pid: s.pid}
 	}
@@ -221,6 +228,7 @@ func (l *LogRelay) session(ctx context.Context) error {
 	if err := setRelayDefault(ctx, l.pool, l.st, ModeLog); err != nil {
 		return err
 	}
+	l.waker.ByLog(true)
 	err = pglogrepl.StartReplication(ctx, conn, l.names.Slot, 0, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication,
 		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", l.names.Publication),

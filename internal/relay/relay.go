@@ -81,8 +81,9 @@ type Config struct {
 	AtomicPublish bool
 	// BehindLog runs the polling relay beside a LogRelay, for the rows that are its
 	// own then (handed over, re-driven, or written before the log relay took
-	// over): the installation's Outboxes, whose new rows the log relay publishes,
-	// do not wake it; LogRelay's hand-overs do (Wake), and NOTIFYs and the poll.
+	// over): the installation's Outboxes wake it until the log relay owns new
+	// rows, then no longer; LogRelay's hand-overs do (Wake), and NOTIFYs and the
+	// poll.
 	BehindLog bool
 }
 
@@ -154,8 +155,8 @@ type Relay struct {
 	lockSalt  string
 	// atomicOff is set once the stream refused atomic batches as disabled.
 	atomicOff atomic.Bool
-	// wake is Run's wake-up: the installation's Outboxes (unless BehindLog), its
-	// NOTIFYs, and Wake.
+	// wake is Run's wake-up: the installation's Outboxes (behind a log relay,
+	// until it owns new rows), its NOTIFYs, and Wake.
 	wake chan struct{}
 }
 
@@ -188,9 +189,10 @@ func New(inst *install.Installation, cfg Config) (*Relay, error) {
 func (r *Relay) Run(ctx context.Context) error {
 	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.stream)
 	wake := r.wake
-	if !r.cfg.BehindLog {
-		defer r.waker.Attach(wake)()
-	}
+	// Behind a log relay the Outboxes wake it too until the log relay owns new
+	// rows (Waker.ByLog): rows written while the log relay starts are this
+	// relay's, and are published at once, not at the next poll.
+	defer r.waker.Attach(wake)()
 	listenCtx, stopListen := context.WithCancel(ctx)
 	listening := make(chan struct{})
 	go func() {
