@@ -281,10 +281,30 @@ func startRefApp(ctx context.Context, env *benchenv.Env, relayMode string, log *
 	if err != nil {
 		return nil, err
 	}
+	if relayMode != "poll" {
+		awaitLogRelay(ctx, env, 15*time.Second)
+	}
 	recCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	recDone := make(chan error, 1)
 	go func() { recDone <- rec.Run(recCtx) }()
 	return &refAppReconciled{refApp: svc, stop: stop, done: recDone}, nil
+}
+
+// awaitLogRelay waits, at most limit, until a log relay reads the database's slot,
+// if the worker runs one. A fresh installation's first log relay takes the outbox
+// over once in the database's life (a slot made, the outbox's default changed,
+// rows written meanwhile published by the polling relay); every phase starts on a
+// fresh database, and the timed phase measures the steady state after it.
+func awaitLogRelay(ctx context.Context, env *benchenv.Env, limit time.Duration) {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var reading bool
+		err := env.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE database = current_database() AND active)
+			AND EXISTS (SELECT 1 FROM pg_attrdef d JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+			            WHERE d.adrelid = 'idem_outbox'::regclass AND a.attname = 'relay')`).Scan(&reading)
+		if err != nil || reading || ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // refAppReconciled is the reference application and the benchmark's reconciler
