@@ -19,8 +19,8 @@ import (
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/reconcile"
-	"github.com/idemkit/idem/worker"
 	idemrelay "github.com/idemkit/idem/internal/relay"
+	"github.com/idemkit/idem/worker"
 )
 
 // runner is a component the scenario runs until it cancels its context.
