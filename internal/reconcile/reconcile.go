@@ -212,6 +212,7 @@ type unproven struct {
 	due               bool                // published at least After ago
 	lookInStream      bool                // not looked for in the stream for After
 	expected, missing []registry.Consumer // who should settle it; who has not
+	readers           []registry.Consumer // who reads it, named by its Idem-Replay-For or not
 	window            int64               // the log relay's window that holds it (0: the polling relay's row)
 }
 
@@ -443,6 +444,7 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []registry
 	var ids []int64
 	for _, u := range rows {
 		u.expected = registry.Expected(consumers, r.stream, u.subject, u.replayFor, u.written)
+		u.readers = registry.Expected(consumers, r.stream, u.subject, "", u.written)
 		for _, c := range u.expected {
 			names, keys, messages = append(names, c.Name), append(keys, u.key), append(messages, u.message)
 			written, ids = append(written, u.written), append(ids, u.id)
@@ -483,13 +485,16 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []registry
 
 // redriveHorizon is the age of a row past which a copy of it could outlive the
 // memory of a consumer that reads it: the copy stays in the stream for up to
-// maxAge after it is published, and every consumer expected to see the row —
-// settled ones included, since one that does not honour Idem-Replay-For would run
-// the copy — may forget the key its KeyLifetime after the row was written (less a
-// margin, for the relay's delay). ok is false when no copy is ever safe: the
+// maxAge after it is published, and every consumer that reads the row — settled
+// ones and those its Idem-Replay-For leaves out included, since one that does not
+// honour the header would run the copy — may forget the key its lifetime after
+// the row was written (less a margin, for the relay's delay). That lifetime is
+// the one the consumer's settlement was written under (SettledLifetime), not a
+// longer one it registered since. ok is false when no copy is ever safe: the
 // stream keeps messages forever (maxAge 0).
 func (r *Reconciler) redriveHorizon(ctx context.Context, u *unproven, maxAge time.Duration) (horizon time.Duration, ok bool) {
-	if faults.From(ctx).On(faults.RedriveToAll) {
+	fs := faults.From(ctx)
+	if fs.On(faults.RedriveToAll) {
 		// The negative control: the missing consumers' own lifetimes, as if no
 		// copy could outlive a key.
 		for i, c := range u.missing {
@@ -502,9 +507,13 @@ func (r *Reconciler) redriveHorizon(ctx context.Context, u *unproven, maxAge tim
 	if maxAge <= 0 {
 		return 0, false
 	}
-	for i, c := range u.expected {
-		margin := min(r.cfg.Margin, c.KeyLifetime/4)
-		if h := c.KeyLifetime - maxAge - margin; i == 0 || h < horizon {
+	for i, c := range u.readers {
+		lifetime := c.SettledLifetime(u.written)
+		if fs.On(faults.RegisteredLifetime) {
+			lifetime = c.KeyLifetime // the negative control: today's lifetime
+		}
+		margin := min(r.cfg.Margin, lifetime/4)
+		if h := lifetime - maxAge - margin; i == 0 || h < horizon {
 			horizon = h
 		}
 	}
