@@ -200,6 +200,34 @@ func Check(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
 	return nil
 }
 
+// ErrSchemaAhead is returned (wrapped) by CheckNotAhead when the schema holds
+// migrations this build of idem does not know: a newer release migrated it.
+var ErrSchemaAhead = errors.New("migrations: schema migrated by a newer release")
+
+// CheckNotAhead reports whether the schema holds a migration newer than every one
+// this build embeds. During a rolling upgrade the old release's processes keep
+// running on the new schema; what must not run old logic past a migration (the
+// reconciler, whose re-drives a newer release may address differently) checks
+// this and stands down.
+func CheckNotAhead(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	all, err := All()
+	if err != nil {
+		return err
+	}
+	schema := pgschema.Name(cfg.Schema)
+	var newest int
+	if err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlNewest)).Scan(&newest); err != nil {
+		return fmt.Errorf("migrations: check schema %s: %w", schema, err)
+	}
+	if known := all[len(all)-1].Version; newest > known {
+		return fmt.Errorf("%w: schema %s is at version %d, and this build knows up to %d: upgrade this process", ErrSchemaAhead, schema, newest, known)
+	}
+	return nil
+}
+
 // setSearchPath creates the schema when needed and makes it the only one searched
 // for the rest of the transaction, so the DDL (tables, indexes) lands there.
 func setSearchPath(ctx context.Context, tx pgx.Tx, schema string) error {
@@ -251,5 +279,6 @@ const (
 	sqlUnlock     = `SELECT pg_advisory_unlock($1)`
 	sqlSearchPath = `SELECT set_config('search_path', quote_ident($1), true)`
 	sqlApplied    = `SELECT version FROM idem_schema_migrations`
+	sqlNewest     = `SELECT COALESCE(max(version), 0) FROM idem_schema_migrations`
 	sqlRecord     = `INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)`
 )

@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/testkit/testenv"
+	"github.com/idemkit/idem/migrations"
 )
 
 // lifetimeRaised is the story of a consumer whose KeyLifetime is raised after it
@@ -143,5 +145,26 @@ func TestPriorLifetimeFollowsTheProcessesThatUseIt(t *testing.T) {
 	register(500 * time.Hour)
 	if c := entry(); c.PriorKeyLifetime != 400*time.Hour {
 		t.Fatalf("after a second raise: prior %s, want 400h (30h has expired everywhere)", c.PriorKeyLifetime)
+	}
+}
+
+// A reconciler of an older release stands down on a schema a newer one migrated:
+// it re-drives nothing, and says why.
+func TestReconcilerStandsDownOnANewerSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.register(t, "c", testenv.Subject)
+	b.publish(t, testenv.Subject, "k-1")
+	if err := b.streamHandle(t).Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b.env.DB.Count(t, `WITH i AS (INSERT INTO idem_schema_migrations (version, name) VALUES (9999, '9999_from_the_future.sql') RETURNING 1) SELECT count(*) FROM i`)
+	rep, err := b.rec.Pass(context.Background())
+	if !errors.Is(err, migrations.ErrSchemaAhead) || rep.Redriven != 0 {
+		t.Fatalf("pass on a newer schema = %+v, %v; want nothing done and ErrSchemaAhead", rep, err)
+	}
+	b.env.DB.Count(t, `WITH d AS (DELETE FROM idem_schema_migrations WHERE version = 9999 RETURNING 1) SELECT count(*) FROM d`)
+	if rep := b.pass(t); rep.Redriven != 1 {
+		t.Fatalf("pass on this release's schema = %+v; want the lost row re-driven", rep)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/migrations"
 )
 
 // DefaultAfter is how long a published intent may stay unsettled before the
@@ -128,7 +129,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
-		if _, err := r.Pass(ctx); err != nil && ctx.Err() == nil {
+		_, err := r.Pass(ctx)
+		switch {
+		case err == nil, ctx.Err() != nil:
+		case errors.Is(err, migrations.ErrSchemaAhead):
+			r.log.ErrorContext(ctx, "reconciler standing down: a newer release of idem migrated the schema, and its reconcilers judge the rows; checking again next interval", "err", err)
+		default:
 			r.log.WarnContext(ctx, "reconcile pass failed; trying again next interval", "err", err)
 		}
 		select {
@@ -158,9 +164,14 @@ func (p *Report) add(q Report) {
 }
 
 // Pass judges every unproven row of the stream once, a batch per transaction, and
-// returns what it did.
+// returns what it did. On a schema a newer release migrated it does nothing and
+// returns an error wrapping migrations.ErrSchemaAhead: that release's reconcilers
+// may address re-drives in ways this one does not know.
 func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	var total Report
+	if err := migrations.CheckNotAhead(ctx, r.pool, migrations.Config{Schema: r.inst.Schema()}); err != nil {
+		return total, fmt.Errorf("reconcile: %w", err)
+	}
 	consumers, err := registry.Registered(ctx, r.pool, r.inst.Schema())
 	if err != nil {
 		return total, err
