@@ -200,32 +200,24 @@ func Check(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
 	return nil
 }
 
-// ErrSchemaAhead is returned (wrapped) by CheckNotAhead when the schema holds
-// migrations this build of idem does not know: a newer release migrated it.
-var ErrSchemaAhead = errors.New("migrations: schema migrated by a newer release")
-
-// CheckNotAhead reports whether the schema holds a migration newer than every one
-// this build embeds. During a rolling upgrade the old release's processes keep
-// running on the new schema; what must not run old logic past a migration (the
-// reconciler, whose re-drives a newer release may address differently) checks
-// this and stands down.
-func CheckNotAhead(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
+// Versions returns the newest migration applied to the schema and the newest this
+// build embeds. During a rolling upgrade the old release's processes keep running
+// on the new schema; what must not run old logic past a migration (the
+// reconciler, whose re-drives a newer release may address differently) compares
+// the two and stands down when applied is the greater.
+func Versions(ctx context.Context, db *pgxpool.Pool, cfg Config) (applied, known int, err error) {
 	if err := cfg.validate(); err != nil {
-		return err
+		return 0, 0, err
 	}
 	all, err := All()
 	if err != nil {
-		return err
+		return 0, 0, err
 	}
 	schema := pgschema.Name(cfg.Schema)
-	var newest int
-	if err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlNewest)).Scan(&newest); err != nil {
-		return fmt.Errorf("migrations: check schema %s: %w", schema, err)
+	if err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlNewest)).Scan(&applied); err != nil {
+		return 0, 0, fmt.Errorf("migrations: versions of schema %s: %w", schema, err)
 	}
-	if known := all[len(all)-1].Version; newest > known {
-		return fmt.Errorf("%w: schema %s is at version %d, and this build knows up to %d: upgrade this process", ErrSchemaAhead, schema, newest, known)
-	}
-	return nil
+	return applied, all[len(all)-1].Version, nil
 }
 
 // setSearchPath creates the schema when needed and makes it the only one searched

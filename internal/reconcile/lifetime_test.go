@@ -8,9 +8,9 @@ import (
 
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/migrations"
 )
 
 // lifetimeRaised is the story of a consumer whose KeyLifetime is raised after it
@@ -160,7 +160,7 @@ func TestReconcilerStandsDownOnANewerSchema(t *testing.T) {
 	}
 	b.env.DB.Count(t, `WITH i AS (INSERT INTO idem_schema_migrations (version, name) VALUES (9999, '9999_from_the_future.sql') RETURNING 1) SELECT count(*) FROM i`)
 	rep, err := b.rec.Pass(context.Background())
-	if !errors.Is(err, migrations.ErrSchemaAhead) || rep.Redriven != 0 {
+	if !errors.Is(err, reconcile.ErrSchemaAhead) || rep.Redriven != 0 {
 		t.Fatalf("pass on a newer schema = %+v, %v; want nothing done and ErrSchemaAhead", rep, err)
 	}
 	b.env.DB.Count(t, `WITH d AS (DELETE FROM idem_schema_migrations WHERE version = 9999 RETURNING 1) SELECT count(*) FROM d`)

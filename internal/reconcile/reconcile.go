@@ -132,7 +132,7 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		_, err := r.Pass(ctx)
 		switch {
 		case err == nil, ctx.Err() != nil:
-		case errors.Is(err, migrations.ErrSchemaAhead):
+		case errors.Is(err, ErrSchemaAhead):
 			r.log.ErrorContext(ctx, "reconciler standing down: a newer release of idem migrated the schema, and its reconcilers judge the rows; checking again next interval", "err", err)
 		default:
 			r.log.WarnContext(ctx, "reconcile pass failed; trying again next interval", "err", err)
@@ -144,6 +144,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// ErrSchemaAhead is wrapped by Pass's error on a schema a newer release of idem
+// migrated: that release's reconcilers judge the rows, since they may address
+// re-drives in ways this one does not know.
+var ErrSchemaAhead = errors.New("reconcile: schema migrated by a newer release")
 
 // Report counts what one pass did.
 type Report struct {
@@ -165,12 +170,16 @@ func (p *Report) add(q Report) {
 
 // Pass judges every unproven row of the stream once, a batch per transaction, and
 // returns what it did. On a schema a newer release migrated it does nothing and
-// returns an error wrapping migrations.ErrSchemaAhead: that release's reconcilers
-// may address re-drives in ways this one does not know.
+// returns an error wrapping ErrSchemaAhead.
 func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	var total Report
-	if err := migrations.CheckNotAhead(ctx, r.pool, migrations.Config{Schema: r.inst.Schema()}); err != nil {
+	applied, known, err := migrations.Versions(ctx, r.pool, migrations.Config{Schema: r.inst.Schema()})
+	if err != nil {
 		return total, fmt.Errorf("reconcile: %w", err)
+	}
+	if applied > known {
+		return total, fmt.Errorf("%w: schema %s is at version %d, and this build knows up to %d: upgrade this process",
+			ErrSchemaAhead, r.inst.Schema(), applied, known)
 	}
 	consumers, err := registry.Registered(ctx, r.pool, r.inst.Schema())
 	if err != nil {
