@@ -485,7 +485,8 @@ func (f *fetcher) stop() {
 // the worker recreates streams. It also refreshes the registration.
 func (f *fetcher) watch(ctx context.Context) {
 	c := f.c
-	t := time.NewTicker(c.cfg.CheckInterval)
+	// At least every SeenEvery, so the registration is refreshed on time.
+	t := time.NewTicker(min(c.cfg.CheckInterval, registry.SeenEvery))
 	defer t.Stop()
 	lastSeen := time.Now()
 	for {
@@ -512,8 +513,8 @@ func (f *fetcher) watch(ctx context.Context) {
 		case ctx.Err() == nil:
 			c.log.WarnContext(ctx, "consumer: cannot check the durable consumer", "err", err)
 		}
-		if time.Since(lastSeen) > time.Minute {
-			if err := registry.Seen(ctx, c.pool, c.inst.Schema(), c.cfg.Name); err == nil {
+		if time.Since(lastSeen) > registry.SeenEvery {
+			if err := registry.Seen(ctx, c.pool, c.inst.Schema(), c.cfg.Name, c.cfg.KeyLifetime); err == nil {
 				lastSeen = time.Now()
 			}
 		}

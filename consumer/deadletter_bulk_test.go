@@ -63,14 +63,14 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 	env := testenv.New(t)
 	db := env.DB
 	ctx := context.Background()
-	hour := ptr("1 hour")
-	d1 := fileDeadLetter(t, db, "billing", "k1", "permanent handler error: x", "3 hours", hour)
-	d2 := fileDeadLetter(t, db, "billing", "k2", "max deliveries exceeded: y", "2 hours", hour)
-	d3 := fileDeadLetter(t, db, "audit", "k3", "permanent handler error: z", "1 hour", hour)
+	within := ptr("2 days") // past the time a replay may spend in the stream
+	d1 := fileDeadLetter(t, db, "billing", "k1", "permanent handler error: x", "3 hours", within)
+	d2 := fileDeadLetter(t, db, "billing", "k2", "max deliveries exceeded: y", "2 hours", within)
+	d3 := fileDeadLetter(t, db, "audit", "k3", "permanent handler error: z", "1 hour", within)
 	d4 := fileDeadLetter(t, db, "billing", "k4", "permanent handler error: w", "30 minutes", ptr("-1 minute"))
 	d5 := fileDeadLetter(t, db, "billing", "k5", "permanent handler error", "10 minutes", nil)
-	d6 := fileDeadLetter(t, db, "billing", "", "missing Idempotency-Key header", "5 minutes", hour)
-	d7 := fileDeadLetter(t, db, "billing", "k7", "permanent handler error", "1 minute", hour)
+	d6 := fileDeadLetter(t, db, "billing", "", "missing Idempotency-Key header", "5 minutes", within)
+	d7 := fileDeadLetter(t, db, "billing", "k7", "permanent handler error", "1 minute", within)
 	if _, err := db.Pool.Exec(ctx, `UPDATE idem_dead_letters SET replayed_at = now() WHERE id = $1`, d7); err != nil {
 		t.Fatal(err)
 	}
@@ -192,9 +192,9 @@ func TestBulkReplayGivesEachDeadLetterItsOwnMsgID(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
 	ctx := context.Background()
-	hour := ptr("1 hour")
-	fileDeadLetter(t, env.DB, "billing", "k-same", "permanent handler error", "1 minute", hour)
-	fileDeadLetter(t, env.DB, "audit", "k-same", "permanent handler error", "1 minute", hour)
+	within := ptr("2 days") // past the time a replay may spend in the stream
+	fileDeadLetter(t, env.DB, "billing", "k-same", "permanent handler error", "1 minute", within)
+	fileDeadLetter(t, env.DB, "audit", "k-same", "permanent handler error", "1 minute", within)
 	dls := consumer.NewDeadLetters(env.Inst)
 	rep, err := dls.Replay(ctx, consumer.Filter{}, consumer.ReplayOptions{})
 	if err != nil || rep.Count(consumer.ActionReplayed) != 2 {
@@ -227,7 +227,7 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 		}
 	}
 	exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
-	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '1 hour' FROM generate_series(1, 40) g`)
+	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '2 days' FROM generate_series(1, 40) g`)
 	dls := consumer.NewDeadLetters(env.Inst)
 
 	// Another operator's replay holds the first five.
@@ -255,7 +255,7 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 
 	// Two replays at once over the five released and 60 more.
 	exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
-	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '1 hour' FROM generate_series(41, 100) g`)
+	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '2 days' FROM generate_series(41, 100) g`)
 	var wg sync.WaitGroup
 	reps := make([]consumer.ReplayReport, 2)
 	errs := make([]error, 2)

@@ -171,6 +171,10 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 
 	setHorizon(`now() - interval '1 second'`)
 	refused("past the horizon")
+	// The replay would stay in the stream (MaxAge 24h) past the horizon: a
+	// consumer lagging that long would read it after forgetting the key.
+	setHorizon(`now() + interval '12 hours'`)
+	refused("the horizon nearer than the stream's MaxAge")
 	setHorizon(`NULL`)
 	refused("horizon unknown (filed before schema v3)")
 	if n := outboxRows(); n != 0 {
@@ -191,7 +195,7 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 	if n := outboxRows(); n != 1 {
 		t.Fatalf("outbox rows after a forced replay = %d, want 1", n)
 	}
-	setHorizon(`now() + interval '1 minute'`)
+	setHorizon(`now() + interval '2 days'`)
 	if _, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{}); err != nil {
 		t.Fatalf("replay inside the horizon: %v", err)
 	}

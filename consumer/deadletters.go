@@ -35,17 +35,22 @@ type DeadLetter struct {
 	CreatedAt  time.Time         `json:"created_at"`
 	ReplayedAt *time.Time        `json:"replayed_at,omitempty"`
 	// InboxExpiresAt is the replay horizon: when the consumer's inbox may forget
-	// the delivery. A replay after it could run an effect twice and is refused
-	// unless forced. Nil for dead letters filed before schema v3 (horizon unknown)
+	// the delivery. A replay that could reach a consumer after it (one sent
+	// later than the horizon less the stream's MaxAge and a margin) could run an
+	// effect twice and is refused unless forced. Nil for dead letters filed before schema v3 (horizon unknown)
 	// and for messages the broker refused (outbox.RelayConsumer: never delivered,
 	// no horizon). A relay's dead letter of a message whose publishes timed out,
 	// which the broker may have stored after all, carries the horizon of the
 	// consumers that read its subject.
 	InboxExpiresAt *time.Time `json:"inbox_expires_at,omitempty"`
+	// ReplayBy is the last time a replay is accepted without Force:
+	// InboxExpiresAt less the time a replay may spend in the stream (its MaxAge
+	// and a margin for the relay). Nil when InboxExpiresAt is.
+	ReplayBy *time.Time `json:"replay_by,omitempty"`
 
-	// withinHorizon is InboxExpiresAt > now() by the database's clock when the row
-	// was read; nil when InboxExpiresAt is.
-	withinHorizon *bool
+	// readAt is when the row was read, by the database's clock, against which
+	// InboxExpiresAt is judged.
+	readAt time.Time
 }
 
 // Filter selects dead letters. Its zero value selects every dead letter not yet
@@ -157,20 +162,24 @@ var ErrReplayRefused = errors.New("consumer: replay refused")
 // acks it without an effect, since its inbox may have forgotten the key by then. A
 // replay of a message whose effect already happened is still a duplicate, folded
 // by the consumer's inbox — as long as the inbox remembers the key, which is why a
-// replay past the dead letter's horizon (InboxExpiresAt) is refused unless forced.
+// replay is refused, unless forced, once it could still be in the stream at the
+// dead letter's horizon (InboxExpiresAt): past the horizon less the stream's
+// MaxAge and a margin for the relay.
 // A replay starts with a fresh attempt count. A dead letter the relay filed
 // (outbox.RelayConsumer) is replayed to every consumer of its subject; one the
 // broker refused never reached the stream, and has no horizon.
 type DeadLetters struct {
-	pool   *pgxpool.Pool
-	q      store.DeadLetters
-	outbox *outbox.Outbox
+	// inTransit is how long a replay may stay in the stream (see refusal).
+	inTransit time.Duration
+	pool      *pgxpool.Pool
+	q         store.DeadLetters
+	outbox    *outbox.Outbox
 }
 
 // NewDeadLetters returns the dead letters of inst. It needs no NATS connection:
 // a replay goes through the outbox.
 func NewDeadLetters(inst *install.Installation) *DeadLetters {
-	return &DeadLetters{pool: inst.Pool(), q: parts.Of(inst).Store.DeadLetters, outbox: outbox.New(inst)}
+	return &DeadLetters{inTransit: inst.Stream().WithDefaults().MaxAge + replayMargin, pool: inst.Pool(), q: parts.Of(inst).Store.DeadLetters, outbox: outbox.New(inst)}
 }
 
 // List returns up to limit dead letters (limit <= 0: all), replayed or not, newest
@@ -192,7 +201,7 @@ func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, scanDeadLetter)
+	out, err := pgx.CollectRows(rows, dl.scan)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
 	}
@@ -201,7 +210,7 @@ func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error)
 
 // Get returns one dead letter.
 func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
-	return getDeadLetter(ctx, dl.pool, dl.q.Get, id)
+	return dl.get(ctx, dl.pool, dl.q.Get, id)
 }
 
 // ReplayID replays dead letter id, replayed before or not (a second replay is
@@ -211,7 +220,7 @@ func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
 // valid key); nothing is written. With opts.DryRun nothing is written either way.
 func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOptions) (ReplayResult, error) {
 	judge := func(d DeadLetter, action string) (ReplayResult, error) {
-		refused := d.refusal(opts.Force)
+		refused := d.refusal(opts.Force, dl.inTransit)
 		res := d.result(action, refused)
 		if refused != nil {
 			return res, fmt.Errorf("consumer: replay dead letter %d: %w", id, refused)
@@ -219,7 +228,7 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 		return res, nil
 	}
 	if opts.DryRun {
-		d, err := getDeadLetter(ctx, dl.pool, dl.q.Get, id)
+		d, err := dl.get(ctx, dl.pool, dl.q.Get, id)
 		if err != nil {
 			return ReplayResult{}, err
 		}
@@ -227,7 +236,7 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 	}
 	var res ReplayResult
 	err := pgx.BeginFunc(ctx, dl.pool, func(tx pgx.Tx) error {
-		d, err := getDeadLetter(ctx, tx, dl.q.GetForUpdate, id)
+		d, err := dl.get(ctx, tx, dl.q.GetForUpdate, id)
 		if err != nil {
 			return err
 		}
@@ -296,13 +305,13 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 		if err != nil {
 			return nil, fmt.Errorf("consumer: replay: %w", err)
 		}
-		ds, err := pgx.CollectRows(rows, scanDeadLetter)
+		ds, err := pgx.CollectRows(rows, dl.scan)
 		if err != nil {
 			return nil, fmt.Errorf("consumer: replay: %w", err)
 		}
 		results := make([]ReplayResult, len(ds))
 		for i, d := range ds {
-			results[i] = d.result(ActionWouldReplay, d.refusal(opts.Force))
+			results[i] = d.result(ActionWouldReplay, d.refusal(opts.Force, dl.inTransit))
 		}
 		return results, nil
 	}
@@ -313,13 +322,13 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 		if err != nil {
 			return fmt.Errorf("consumer: replay: %w", err)
 		}
-		ds, err := pgx.CollectRows(rows, scanDeadLetter)
+		ds, err := pgx.CollectRows(rows, dl.scan)
 		if err != nil {
 			return fmt.Errorf("consumer: replay: %w", err)
 		}
 		var replayed []int64
 		for _, d := range ds {
-			refused := d.refusal(opts.Force)
+			refused := d.refusal(opts.Force, dl.inTransit)
 			if refused == nil {
 				if err := dl.republish(ctx, tx, d); err != nil {
 					return err
@@ -379,8 +388,15 @@ func (d DeadLetter) replayFor() string {
 	return d.Consumer
 }
 
+// replayMargin is what a replay's horizon keeps back, past the stream's MaxAge,
+// for the relay's delay: the reconciler's default Margin, for its re-drives.
+const replayMargin = time.Hour
+
 // refusal says why d must not be replayed now (wrapping ErrReplayRefused), or nil.
-func (d DeadLetter) refusal(force bool) error {
+// A replay stays in the stream for up to inTransit (its MaxAge, and a margin for
+// the relay): a consumer lagging that long reads it then, so the replay must be
+// sent that long before the horizon, or it may arrive after the key is forgotten.
+func (d DeadLetter) refusal(force bool, inTransit time.Duration) error {
 	if _, _, err := idem.ParseScopedKey(d.Key); err != nil {
 		return fmt.Errorf("%w: no valid %s (%w): fix its producer instead", ErrReplayRefused, idem.HeaderKey, err)
 	}
@@ -398,18 +414,19 @@ func (d DeadLetter) refusal(force bool) error {
 	if force || (d.Consumer == outbox.RelayConsumer && d.InboxExpiresAt == nil) {
 		return nil // forced, or never delivered
 	}
+	late := d.InboxExpiresAt != nil && !d.readAt.Before(d.InboxExpiresAt.Add(-inTransit))
 	switch {
-	case d.withinHorizon == nil:
+	case d.InboxExpiresAt == nil:
 		return fmt.Errorf("%w: replay horizon unknown (filed before schema v3): the inbox of consumer %s may have forgotten key %q, "+
 			"so a replay could run its effect twice; force it only if the effect never ran", ErrReplayRefused, d.Consumer, d.Key)
-	case !*d.withinHorizon && d.Consumer == outbox.RelayConsumer:
-		return fmt.Errorf("%w: past its replay horizon: it may have reached the stream, and a consumer of %s may have run it and forgotten key %q since %s, "+
-			"so a replay could run its effect twice; force it only if no consumer ran it",
-			ErrReplayRefused, d.Subject, d.Key, d.InboxExpiresAt.UTC().Format(time.RFC3339))
-	case !*d.withinHorizon:
-		return fmt.Errorf("%w: past its replay horizon: the inbox of consumer %s may have forgotten key %q since %s, "+
-			"so a replay could run its effect twice; force it only if the effect never ran",
-			ErrReplayRefused, d.Consumer, d.Key, d.InboxExpiresAt.UTC().Format(time.RFC3339))
+	case late && d.Consumer == outbox.RelayConsumer:
+		return fmt.Errorf("%w: past its replay horizon: it may have reached the stream, and a consumer of %s may have run it and forget key %q at %s, "+
+			"before a replay sent now leaves the stream (%s), so the replay could run its effect twice; force it only if no consumer ran it",
+			ErrReplayRefused, d.Subject, d.Key, d.InboxExpiresAt.UTC().Format(time.RFC3339), inTransit)
+	case late:
+		return fmt.Errorf("%w: past its replay horizon: the inbox of consumer %s may forget key %q at %s, "+
+			"before a replay sent now leaves the stream (%s), so the replay could run its effect twice; force it only if the effect never ran",
+			ErrReplayRefused, d.Consumer, d.Key, d.InboxExpiresAt.UTC().Format(time.RFC3339), inTransit)
 	}
 	return nil
 }
@@ -427,28 +444,33 @@ type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func getDeadLetter(ctx context.Context, db queryer, sql string, id int64) (DeadLetter, error) {
+func (dl *DeadLetters) get(ctx context.Context, db queryer, sql string, id int64) (DeadLetter, error) {
 	rows, err := db.Query(ctx, sql, id)
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: %w", id, err)
 	}
-	dl, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	d, err := pgx.CollectExactlyOneRow(rows, dl.scan)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: not found", id)
 	}
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: %w", id, err)
 	}
-	return dl, nil
+	return d, nil
 }
 
-func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
-	var dl DeadLetter
+// scan reads a dead letter (store.DeadLetters' columns) and dates its ReplayBy.
+func (dl *DeadLetters) scan(row pgx.CollectableRow) (DeadLetter, error) {
+	var d DeadLetter
 	var headers []byte
-	err := row.Scan(&dl.ID, &dl.Consumer, &dl.Key, &dl.Message, &dl.Subject, &headers, &dl.Payload, &dl.Reason, &dl.Deliveries, &dl.CreatedAt, &dl.ReplayedAt,
-		&dl.InboxExpiresAt, &dl.withinHorizon)
+	err := row.Scan(&d.ID, &d.Consumer, &d.Key, &d.Message, &d.Subject, &headers, &d.Payload, &d.Reason, &d.Deliveries, &d.CreatedAt, &d.ReplayedAt,
+		&d.InboxExpiresAt, &d.readAt)
 	if err == nil && len(headers) > 0 {
-		err = json.Unmarshal(headers, &dl.Headers)
+		err = json.Unmarshal(headers, &d.Headers)
 	}
-	return dl, err
+	if d.InboxExpiresAt != nil {
+		by := d.InboxExpiresAt.Add(-dl.inTransit)
+		d.ReplayBy = &by
+	}
+	return d, err
 }

@@ -200,6 +200,26 @@ func Check(ctx context.Context, db *pgxpool.Pool, cfg Config) error {
 	return nil
 }
 
+// Versions returns the newest migration applied to the schema and the newest this
+// build embeds. During a rolling upgrade the old release's processes keep running
+// on the new schema; what must not run old logic past a migration (the
+// reconciler, whose re-drives a newer release may address differently) compares
+// the two and stands down when applied is the greater.
+func Versions(ctx context.Context, db *pgxpool.Pool, cfg Config) (applied, known int, err error) {
+	if err := cfg.validate(); err != nil {
+		return 0, 0, err
+	}
+	all, err := All()
+	if err != nil {
+		return 0, 0, err
+	}
+	schema := pgschema.Name(cfg.Schema)
+	if err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlNewest)).Scan(&applied); err != nil {
+		return 0, 0, fmt.Errorf("migrations: versions of schema %s: %w", schema, err)
+	}
+	return applied, all[len(all)-1].Version, nil
+}
+
 // setSearchPath creates the schema when needed and makes it the only one searched
 // for the rest of the transaction, so the DDL (tables, indexes) lands there.
 func setSearchPath(ctx context.Context, tx pgx.Tx, schema string) error {
@@ -251,5 +271,6 @@ const (
 	sqlUnlock     = `SELECT pg_advisory_unlock($1)`
 	sqlSearchPath = `SELECT set_config('search_path', quote_ident($1), true)`
 	sqlApplied    = `SELECT version FROM idem_schema_migrations`
+	sqlNewest     = `SELECT COALESCE(max(version), 0) FROM idem_schema_migrations`
 	sqlRecord     = `INSERT INTO idem_schema_migrations (version, name) VALUES ($1, $2)`
 )

@@ -359,10 +359,10 @@ func replayState(dl consumer.DeadLetter, now time.Time) string {
 		s = "never (no valid key)"
 	case dl.Consumer == outbox.RelayConsumer:
 		s = "any time (never published)"
-	case dl.InboxExpiresAt == nil:
+	case dl.ReplayBy == nil:
 		s = "horizon unknown (--force)"
-	case dl.InboxExpiresAt.After(now):
-		s = "for " + human(dl.InboxExpiresAt.Sub(now))
+	case dl.ReplayBy.After(now):
+		s = "for " + human(dl.ReplayBy.Sub(now))
 	default:
 		s = "past horizon (--force)"
 	}

@@ -67,12 +67,12 @@ func actionsOf(lines []replayLine) string {
 func TestDeadLettersCLI(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
-	hour := "1 hour"
+	within := "2 days" // past the time a replay may spend in the stream
 	past := "-1 minute"
-	d1 := cliDeadLetter(t, db, "billing", "k1", "permanent handler error: x", "3 hours", &hour)
+	d1 := cliDeadLetter(t, db, "billing", "k1", "permanent handler error: x", "3 hours", &within)
 	d2 := cliDeadLetter(t, db, "billing", "k2", "permanent handler error: y", "2 hours", &past)
-	d3 := cliDeadLetter(t, db, "audit", "k3", "max deliveries exceeded: z", "10 minutes", &hour)
-	d4 := cliDeadLetter(t, db, "billing", "", "missing Idempotency-Key header", "5 minutes", &hour)
+	d3 := cliDeadLetter(t, db, "audit", "k3", "max deliveries exceeded: z", "10 minutes", &within)
+	d4 := cliDeadLetter(t, db, "billing", "", "missing Idempotency-Key header", "5 minutes", &within)
 	dbFlag := []string{"--database-url", db.URL}
 	run := func(args ...string) (string, string, int) {
 		t.Helper()

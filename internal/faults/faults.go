@@ -76,6 +76,10 @@ const (
 	// OldDeadLettersProve is a switch: armed, the reconciler counts any dead
 	// letter of a key as its settlement, the one a replay replays included.
 	OldDeadLettersProve Point = "reconcile.old-dead-letters-prove"
+	// RegisteredLifetime is a switch: armed, the reconciler judges every row by
+	// the key lifetimes registered today, as if a consumer's settlements written
+	// under a shorter lifetime it has since raised were still remembered.
+	RegisteredLifetime Point = "reconcile.registered-lifetime"
 
 	// The switches below are the negative controls of the log relay: each brings
 	// back one way it would lose a row it was given.
@@ -110,7 +114,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
+	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -190,7 +194,7 @@ func Parse(spec string) (*Set, error) {
 
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
-	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true,
+	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
 	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics

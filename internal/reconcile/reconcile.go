@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/migrations"
 )
 
 // DefaultAfter is how long a published intent may stay unsettled before the
@@ -128,7 +129,12 @@ func (r *Reconciler) Run(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
-		if _, err := r.Pass(ctx); err != nil && ctx.Err() == nil {
+		_, err := r.Pass(ctx)
+		switch {
+		case err == nil, ctx.Err() != nil:
+		case errors.Is(err, ErrSchemaAhead):
+			r.log.ErrorContext(ctx, "reconciler standing down: a newer release of idem migrated the schema, and its reconcilers judge the rows; checking again next interval", "err", err)
+		default:
 			r.log.WarnContext(ctx, "reconcile pass failed; trying again next interval", "err", err)
 		}
 		select {
@@ -138,6 +144,11 @@ func (r *Reconciler) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// ErrSchemaAhead is wrapped by Pass's error on a schema a newer release of idem
+// migrated: that release's reconcilers judge the rows, since they may address
+// re-drives in ways this one does not know.
+var ErrSchemaAhead = errors.New("reconcile: schema migrated by a newer release")
 
 // Report counts what one pass did.
 type Report struct {
@@ -158,9 +169,18 @@ func (p *Report) add(q Report) {
 }
 
 // Pass judges every unproven row of the stream once, a batch per transaction, and
-// returns what it did.
+// returns what it did. On a schema a newer release migrated it does nothing and
+// returns an error wrapping ErrSchemaAhead.
 func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	var total Report
+	applied, known, err := migrations.Versions(ctx, r.pool, migrations.Config{Schema: r.inst.Schema()})
+	if err != nil {
+		return total, fmt.Errorf("reconcile: %w", err)
+	}
+	if applied > known {
+		return total, fmt.Errorf("%w: schema %s is at version %d, and this build knows up to %d: upgrade this process",
+			ErrSchemaAhead, r.inst.Schema(), applied, known)
+	}
 	consumers, err := registry.Registered(ctx, r.pool, r.inst.Schema())
 	if err != nil {
 		return total, err
@@ -212,6 +232,7 @@ type unproven struct {
 	due               bool                // published at least After ago
 	lookInStream      bool                // not looked for in the stream for After
 	expected, missing []registry.Consumer // who should settle it; who has not
+	readers           []registry.Consumer // who reads it, named by its Idem-Replay-For or not
 	window            int64               // the log relay's window that holds it (0: the polling relay's row)
 }
 
@@ -443,6 +464,7 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []registry
 	var ids []int64
 	for _, u := range rows {
 		u.expected = registry.Expected(consumers, r.stream, u.subject, u.replayFor, u.written)
+		u.readers = registry.Expected(consumers, r.stream, u.subject, "", u.written)
 		for _, c := range u.expected {
 			names, keys, messages = append(names, c.Name), append(keys, u.key), append(messages, u.message)
 			written, ids = append(written, u.written), append(ids, u.id)
@@ -483,13 +505,16 @@ func (r *Reconciler) settle(ctx context.Context, tx pgx.Tx, consumers []registry
 
 // redriveHorizon is the age of a row past which a copy of it could outlive the
 // memory of a consumer that reads it: the copy stays in the stream for up to
-// maxAge after it is published, and every consumer expected to see the row —
-// settled ones included, since one that does not honour Idem-Replay-For would run
-// the copy — may forget the key its KeyLifetime after the row was written (less a
-// margin, for the relay's delay). ok is false when no copy is ever safe: the
+// maxAge after it is published, and every consumer that reads the row — settled
+// ones and those its Idem-Replay-For leaves out included, since one that does not
+// honour the header would run the copy — may forget the key its lifetime after
+// the row was written (less a margin, for the relay's delay). That lifetime is
+// the one the consumer's settlement was written under (SettledLifetime), not a
+// longer one it registered since. ok is false when no copy is ever safe: the
 // stream keeps messages forever (maxAge 0).
 func (r *Reconciler) redriveHorizon(ctx context.Context, u *unproven, maxAge time.Duration) (horizon time.Duration, ok bool) {
-	if faults.From(ctx).On(faults.RedriveToAll) {
+	fs := faults.From(ctx)
+	if fs.On(faults.RedriveToAll) {
 		// The negative control: the missing consumers' own lifetimes, as if no
 		// copy could outlive a key.
 		for i, c := range u.missing {
@@ -502,9 +527,13 @@ func (r *Reconciler) redriveHorizon(ctx context.Context, u *unproven, maxAge tim
 	if maxAge <= 0 {
 		return 0, false
 	}
-	for i, c := range u.expected {
-		margin := min(r.cfg.Margin, c.KeyLifetime/4)
-		if h := c.KeyLifetime - maxAge - margin; i == 0 || h < horizon {
+	for i, c := range u.readers {
+		lifetime := c.SettledLifetime(u.written)
+		if fs.On(faults.RegisteredLifetime) {
+			lifetime = c.KeyLifetime // the negative control: today's lifetime
+		}
+		margin := min(r.cfg.Margin, lifetime/4)
+		if h := lifetime - maxAge - margin; i == 0 || h < horizon {
 			horizon = h
 		}
 	}

@@ -28,6 +28,10 @@ type Consumer struct {
 	// KeyLifetime is how long its inbox remembers a key: past it (less a margin and
 	// the stream's MaxAge) a lost message is alerted, not re-driven.
 	KeyLifetime time.Duration `json:"key_lifetime"`
+	// PriorKeyLifetime is the shortest other lifetime a process of the consumer
+	// settled with, up to KeyLifetimeSince (zero: none); see SettledLifetime.
+	PriorKeyLifetime time.Duration `json:"prior_key_lifetime,omitempty"`
+	KeyLifetimeSince *time.Time    `json:"key_lifetime_since,omitempty"`
 	// Redelivery is its redelivery horizon (consumer.Config.RedeliveryHorizon), so
 	// the lifetime invariant can be checked for every consumer of the installation;
 	// zero when it registered without one.
@@ -41,6 +45,24 @@ type Consumer struct {
 	RegisteredAt time.Time `json:"registered_at"`
 	LastSeen     time.Time `json:"last_seen"`
 }
+
+// SettledLifetime is the key lifetime by which c's settlement of a row written at
+// written must be judged: the shortest c's processes may have settled it under.
+// A row written before a change of lifetime (or before the last sight of a process
+// still running with another, during a redeploy) may have been settled under the
+// prior one, and its inbox row expires by it whatever the lifetime registered
+// now. The grace covers a process that settled a row after its last sighting and
+// then stopped: a running consumer is seen at least every two SeenEvery.
+func (c Consumer) SettledLifetime(written time.Time) time.Duration {
+	if c.PriorKeyLifetime <= 0 || c.KeyLifetimeSince == nil || written.After(c.KeyLifetimeSince.Add(3*SeenEvery)) {
+		return c.KeyLifetime
+	}
+	return min(c.KeyLifetime, c.PriorKeyLifetime)
+}
+
+// SeenEvery is how often a running consumer refreshes its registration (Seen);
+// it checks every SeenEvery at least, so the refreshes are at most two apart.
+const SeenEvery = time.Minute
 
 // Reads reports whether c must settle a message published on subject into stream.
 func (c Consumer) Reads(stream, subject string) bool {
@@ -76,9 +98,9 @@ func Registered(ctx context.Context, db Querier, schema string) ([]Consumer, err
 	}
 	out, err := pgx.CollectRows(rs, func(row pgx.CollectableRow) (Consumer, error) {
 		var c Consumer
-		var lifetime, redelivery float64
-		err := row.Scan(&c.Name, &c.Stream, &c.FilterSubject, &lifetime, &redelivery, &c.RegisteredAt, &c.LastSeen, &c.StartsAt)
-		c.KeyLifetime = seconds(lifetime)
+		var lifetime, redelivery, prior float64
+		err := row.Scan(&c.Name, &c.Stream, &c.FilterSubject, &lifetime, &redelivery, &c.RegisteredAt, &c.LastSeen, &c.StartsAt, &prior, &c.KeyLifetimeSince)
+		c.KeyLifetime, c.PriorKeyLifetime = seconds(lifetime), seconds(prior)
 		c.Redelivery = seconds(redelivery)
 		return c, err
 	})
@@ -168,9 +190,11 @@ func ValidateName(name string) error {
 	return nil
 }
 
-// Seen refreshes a registered consumer's LastSeen.
-func Seen(ctx context.Context, db Execer, schema, name string) error {
-	if _, err := db.Exec(ctx, store.New(schema).Consumers.Seen, name); err != nil {
+// Seen refreshes a registered consumer's LastSeen, from a process that settles
+// with keyLifetime: one whose lifetime is not the registered one (an old process
+// during a redeploy) keeps its settlements judged by the shorter of the two.
+func Seen(ctx context.Context, db Execer, schema, name string, keyLifetime time.Duration) error {
+	if _, err := db.Exec(ctx, store.New(schema).Consumers.Seen, name, keyLifetime); err != nil {
 		return fmt.Errorf("registry: seen %s: %w", name, err)
 	}
 	return nil

@@ -7,20 +7,28 @@ const (
 	// The registry of consumers, as they registered at start.
 	sqlConsumersRegistered = `
 SELECT name, stream, filter_subject, EXTRACT(EPOCH FROM key_lifetime)::float8, EXTRACT(EPOCH FROM redelivery)::float8,
-       registered_at, last_seen_at, starts_at
+       registered_at, last_seen_at, starts_at,
+       COALESCE(EXTRACT(EPOCH FROM prior_key_lifetime), 0)::float8, key_lifetime_since
 FROM idem_consumers
 ORDER BY name`
 
 	sqlConsumersForget = `DELETE FROM idem_consumers WHERE name = $1`
 
 	// A new entry starts now ($6) or backfills (NULL); an existing one keeps its
-	// start. xmax is 0 on a row this statement inserted.
+	// start. A change of its key lifetime keeps the old one as the prior
+	// lifetime: the shorter of it and the prior one, unless every row settled
+	// under the prior one has expired since (it was last in use longer ago than
+	// itself). xmax is 0 on a row this statement inserted.
 	sqlConsumersRegister = `
-INSERT INTO idem_consumers (name, stream, filter_subject, key_lifetime, redelivery, starts_at)
+INSERT INTO idem_consumers AS c (name, stream, filter_subject, key_lifetime, redelivery, starts_at)
 VALUES ($1, $2, $3, $4, $5, CASE WHEN $6::boolean THEN now() END)
 ON CONFLICT (name) DO UPDATE
 SET stream = EXCLUDED.stream, filter_subject = EXCLUDED.filter_subject,
-    key_lifetime = EXCLUDED.key_lifetime, redelivery = EXCLUDED.redelivery, last_seen_at = now()
+    key_lifetime = EXCLUDED.key_lifetime, redelivery = EXCLUDED.redelivery, last_seen_at = now(),
+    prior_key_lifetime = CASE WHEN c.key_lifetime = EXCLUDED.key_lifetime THEN c.prior_key_lifetime ELSE
+                        CASE WHEN c.prior_key_lifetime IS NULL OR c.key_lifetime_since < now() - c.prior_key_lifetime THEN c.key_lifetime
+                             ELSE LEAST(c.prior_key_lifetime, c.key_lifetime) END END,
+    key_lifetime_since = CASE WHEN c.key_lifetime = EXCLUDED.key_lifetime THEN c.key_lifetime_since ELSE now() END
 RETURNING xmax = 0, registered_at, last_seen_at, starts_at`
 
 	// Other consumers of the same stream and filter, silent for $4.
@@ -41,7 +49,16 @@ ORDER BY name`
 
 	sqlConsumersRenameDeadLetters = `UPDATE idem_dead_letters SET consumer = $2 WHERE consumer = $1`
 
-	sqlConsumersSeen = `UPDATE idem_consumers SET last_seen_at = now() WHERE name = $1`
+	// A process seen with a key lifetime ($2) other than the registered one (an
+	// old process still running during a redeploy) is still settling under it:
+	// the prior lifetime as in Register.
+	sqlConsumersSeen = `
+UPDATE idem_consumers AS c SET last_seen_at = now(),
+    prior_key_lifetime = CASE WHEN c.key_lifetime = $2::interval THEN c.prior_key_lifetime ELSE
+                        CASE WHEN c.prior_key_lifetime IS NULL OR c.key_lifetime_since < now() - c.prior_key_lifetime THEN $2::interval
+                             ELSE LEAST(c.prior_key_lifetime, $2::interval) END END,
+    key_lifetime_since = CASE WHEN c.key_lifetime = $2::interval THEN c.key_lifetime_since ELSE now() END
+WHERE name = $1`
 
 	// The registered consumers of a stream ($1; empty: of any), for the replay
 	// horizon of a dead row that may have been stored.

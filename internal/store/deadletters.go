@@ -62,7 +62,7 @@ FROM a JOIN t ON t.i = a.id`
 
 	// The last column is the horizon as the database's clock sees it: NULL when
 	// unknown (filed before schema v3), else whether a replay is still safe.
-	sqlDeadlettersCols = `id, consumer, key, COALESCE(message, subject), subject, headers, payload, reason, deliveries, created_at, replayed_at, inbox_expires_at, inbox_expires_at > now()`
+	sqlDeadlettersCols = `id, consumer, key, COALESCE(message, subject), subject, headers, payload, reason, deliveries, created_at, replayed_at, inbox_expires_at, now()`
 
 	// A Filter, as parameters $1..$6; an empty or NULL parameter selects all.
 	sqlDeadlettersFilter = `

@@ -313,7 +313,7 @@ func TestReplayAllConfirmsTheDryRunsList(t *testing.T) {
 	file := func(key string) {
 		t.Helper()
 		if _, err := env.DB.Pool.Exec(ctx, `INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
-		      VALUES ('charges', $1, $2, '{}', 'permanent handler error: test', now() + interval '1 hour')`, key, testenv.Subject); err != nil {
+		      VALUES ('charges', $1, $2, '{}', 'permanent handler error: test', now() + interval '2 days')`, key, testenv.Subject); err != nil {
 			t.Fatal(err)
 		}
 	}
