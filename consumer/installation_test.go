@@ -250,12 +250,12 @@ func TestARenamedDatabaseKeepsItsDurables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer pool.Close() // before the rename back
 	inst, err := install.New(pool, env.NC, install.Config{Stream: env.Inst.Stream()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	bindOnce(t, env, inst, "moved")
-	pool.Close()
 	if id := recorded(t, env, "moved").ID; id == oldID || !strings.HasSuffix(id, "/"+renamed+"/public") {
 		t.Errorf("the durable's old-style record = %q, want the new name (was %q)", id, oldID)
 	}
