@@ -161,23 +161,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// would only be redelivered (an effect cut off half-way performed again after
 	// its lease expired), but finishing it is the graceful thing to do.
 	work := stop.Work(ctx)
+	// loop ends with ctx, or when the watch finds this database forked.
+	loop, stopLoop := context.WithCancel(ctx)
+	defer stopLoop()
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				batch, ok := q.take(ctx, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.linger)
+				batch, ok := q.take(loop, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.linger)
 				if len(batch) > 0 {
 					c.process(work, batch)
 				}
-				if !ok || ctx.Err() != nil {
+				if !ok || loop.Err() != nil {
 					return
 				}
 			}
 		}()
 	}
-	f.watch(ctx) // until ctx ends: keeps the durable consumer alive
+	forked := f.watch(ctx) // until ctx ends: keeps the durable consumer alive
+	stopLoop()
 	f.stop()
 	wg.Wait()
 	stopBeat()
@@ -185,6 +189,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// after AckWait.
 	for _, m := range q.drain() {
 		_ = m.Nak()
+	}
+	if forked != nil {
+		c.log.ErrorContext(ctx, "consumer stopped: its database is forked", "err", forked)
+		return forked
 	}
 	c.log.InfoContext(ctx, "consumer stopped")
 	return nil
@@ -194,10 +202,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 // consumer belongs to another installation.
 var ErrForeignDurable = errors.New("consumer: the durable consumer belongs to another installation")
 
-// ErrForkedDatabase is wrapped by the error of a consumer whose database is a
-// copy of an older state of its installation: the durable JetStream consumer
-// records a later binding than the database does.
-var ErrForkedDatabase = errors.New("consumer: this database is a copy of an older state of its installation")
+// ErrForkedDatabase is wrapped by the error of a consumer whose durable JetStream
+// consumer records a later binding than its database does: another database with
+// the installation's token (a physical copy of this one, or its original) bound it
+// since.
+var ErrForkedDatabase = errors.New("consumer: another copy of this database bound the durable consumer since")
 
 // binding is what the consumer binds its durable consumer with: the installation
 // it belongs to, and where a durable created now starts.
@@ -351,10 +360,10 @@ func (c *Consumer) foreign(b binding, own installation.State, rec installation.R
 // forked is the refusal of a database whose epoch is behind its durable's.
 func (c *Consumer) forked(own installation.State, durable int64) error {
 	return fmt.Errorf("%w: durable consumer %s on stream %s was bound at epoch %d of installation %s, and this database is at epoch %d. "+
-		"This database is a copy of an older state of that installation (a restored backup or snapshot, a clone, a promoted replica), "+
-		"and the installation (its original, or another copy) has bound the durable since: two databases on one durable split its messages "+
-		"and run their effects in both. If this database is a copy (staging, a restore test), point its workers at another NATS account or stream; "+
-		"if it is the one to keep and the other is retired (its workers stopped), run `worker installation adopt %s --epoch %d` here and start again",
+		"Another database with this installation's token has bound it since: a physical copy of this one, or the one this database was copied from "+
+		"(a restored backup or snapshot, PITR, a clone, a promoted replica). Two databases on one durable split its messages and run their effects in both. "+
+		"If this database is a copy (staging, a restore test), point its workers at another NATS account or stream; "+
+		"if it is the one to keep, stop every worker of the other and run `worker installation adopt %s --epoch %d` here, then start again",
 		ErrForkedDatabase, c.cfg.Name, c.stream, durable, own.Token, own.Epoch, own.Token, durable)
 }
 
@@ -564,8 +573,10 @@ func (f *fetcher) stop() {
 // watch checks the durable consumer every CheckInterval (at once when nats.go
 // reports it deleted) until ctx ends, and recreates it — and the subscription —
 // when either is gone. While it cannot (its stream is gone too), Health says so;
-// the worker recreates streams. It also refreshes the registration.
-func (f *fetcher) watch(ctx context.Context) {
+// the worker recreates streams. It also refreshes the registration. It returns
+// early, with ErrForkedDatabase, when a copy of this database has bound the
+// durable since this consumer did: the two would split its messages.
+func (f *fetcher) watch(ctx context.Context) error {
 	c := f.c
 	t := time.NewTicker(c.cfg.CheckInterval)
 	defer t.Stop()
@@ -576,11 +587,16 @@ func (f *fetcher) watch(ctx context.Context) {
 		f.mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		case <-deleted:
 		}
-		_, err := jc.Info(ctx)
+		info, err := jc.Info(ctx)
+		if err == nil {
+			if err := c.checkFork(ctx, installation.FromMetadata(info.Config.Metadata)); err != nil {
+				return err
+			}
+		}
 		f.mu.Lock()
 		subscribed := f.subscribed
 		f.mu.Unlock()
@@ -600,6 +616,21 @@ func (f *fetcher) watch(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// checkFork returns ErrForkedDatabase when the durable that recorded rec was
+// bound since by a copy of this database: the same token, an epoch ahead of this
+// database's (read after the durable, so a binder of this database is never
+// ahead). Other states are the next binding's to judge.
+func (c *Consumer) checkFork(ctx context.Context, rec installation.Recorded) error {
+	if c.ignoreEpoch || c.anyInstallation || rec.Token == "" {
+		return nil
+	}
+	own, err := installation.Load(ctx, c.pool, c.inst.Schema())
+	if err != nil || rec.Token != own.Token || rec.Epoch <= own.Epoch {
+		return nil // a database unreachable now: the next check reads it again
+	}
+	return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.forked(own, rec.Epoch))
 }
 
 // recreate creates (or finds) the durable consumer again and restarts the

@@ -329,3 +329,36 @@ func TestAnotherInstallationsDurableNamesTheWayToMove(t *testing.T) {
 	}
 	bindOnce(t, env, inst, "theirs")
 }
+
+// A copy that binds while the original runs: the original, which will not bind
+// again until it restarts, finds the durable ahead of its database at its next
+// check and stops with ErrForkedDatabase, so that the two do not split the
+// durable's messages for longer than that.
+func TestARunningOriginalStopsWhenACopyBindsAfterIt(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	cfg := testenv.ConsumerConfig("fork")
+	cfg.CheckInterval = 50 * time.Millisecond
+	c, err := consumer.New(env.Inst, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- c.Run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, "the original bound", func() bool {
+		jc, err := env.JS.Consumer(context.Background(), testenv.Stream, "fork")
+		return err == nil && jc.CachedInfo().Config.Metadata[installation.TokenKey] != ""
+	})
+	cp := copyOf(t, env, stateOf(t, env.DB.Pool))
+	bindOnce(t, env, cp, "fork")
+	select {
+	case err := <-done:
+		if !errors.Is(err, consumer.ErrForkedDatabase) {
+			t.Fatalf("the running original: Run = %v, want ErrForkedDatabase", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the running original kept running after its copy bound the durable")
+	}
+}
