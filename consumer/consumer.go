@@ -116,10 +116,13 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 //
 // Before the first message it registers the consumer in the installation (the
 // reconciler then expects it to settle what it reads; see Rename and Forget) and
-// binds its durable JetStream consumer: one that belongs to
-// another installation (another database, cluster or schema, as its metadata
-// records) is refused with ErrForeignDurable, since two installations sharing a
-// durable split its messages between their inboxes.
+// binds its durable JetStream consumer: one that belongs to another installation
+// (another token, as its metadata records) is refused with ErrForeignDurable, since
+// two installations sharing a durable split its messages between their inboxes;
+// one that a copy of this database bound since (an epoch ahead of this
+// database's) is refused with ErrForkedDatabase, at the start and, while Run
+// runs, at every check of the durable (Config.CheckInterval), when Run returns
+// that error.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
 	fs := faults.From(ctx)
@@ -351,7 +354,7 @@ func (c *Consumer) foreign(b binding, own installation.State, rec installation.R
 		move = fmt.Sprintf("if this database is that installation moved (a rename, pg_upgrade, a dump and restore while upgrading to installation tokens), "+
 			"stop the old workers and delete the durable (nats consumer rm %s %s): this consumer creates it again and its inbox folds what it re-reads", c.stream, c.cfg.Name)
 	}
-	return fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s (%s), and this consumer to %s (%s) (token (cluster/database/schema)). "+
+	return fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s (%s), and this consumer to %s (%s); an installation is named by its token, and by cluster/database/schema in parentheses. "+
 		"Two installations on one durable split its messages between their inboxes, and each one's reconciler takes the other's acks for losses. "+
 		"Give this consumer another Name; or, %s",
 		ErrForeignDurable, c.cfg.Name, c.stream, theirs, rec.ID, own.Token, b.installation, move)
