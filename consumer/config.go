@@ -91,8 +91,8 @@ type Config struct {
 	// max_payload if smaller, or a single message could never be fetched).
 	MaxBufferedBytes int64
 	// CheckInterval is how often the consumer checks that its durable consumer
-	// still exists, and recreates it if an operator (or a lost stream) deleted it
-	// (default 5s).
+	// still exists, and recreates it if an operator (or a lost stream) deleted it,
+	// and that no copy of its database has bound it since (default 5s).
 	CheckInterval time.Duration
 	// MaxBatchBytes bounds the bytes of one batch (default 4 MiB; a single bigger
 	// message is still taken alone). With MaxBufferedBytes it bounds the memory a

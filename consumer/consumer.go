@@ -49,9 +49,10 @@ type Consumer struct {
 	stopping <-chan struct{}
 	// health is what keeps the consumer from receiving messages, or nil.
 	health atomic.Pointer[error]
-	// keyOnly and anyInstallation are the negative controls of a delivery's
-	// identity (faults.KeyOnlyIdentity, faults.AnyInstallation), read at Run.
-	keyOnly, anyInstallation bool
+	// keyOnly, anyInstallation and ignoreEpoch are the negative controls of a
+	// delivery's identity (faults.KeyOnlyIdentity, faults.AnyInstallation,
+	// faults.IgnoreEpoch), read at Run.
+	keyOnly, anyInstallation, ignoreEpoch bool
 }
 
 // idOf names d in the inbox: its key and its message (idem.MessageOf).
@@ -115,14 +116,17 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 //
 // Before the first message it registers the consumer in the installation (the
 // reconciler then expects it to settle what it reads; see Rename and Forget) and
-// binds its durable JetStream consumer: one that belongs to
-// another installation (another database, cluster or schema, as its metadata
-// records) is refused with ErrForeignDurable, since two installations sharing a
-// durable split its messages between their inboxes.
+// binds its durable JetStream consumer: one that belongs to another installation
+// (another token, as its metadata records) is refused with ErrForeignDurable, since
+// two installations sharing a durable split its messages between their inboxes;
+// one that a copy of this database bound since (an epoch ahead of this
+// database's) is refused with ErrForkedDatabase, at the start and, while Run
+// runs, at every check of the durable (Config.CheckInterval), when Run returns
+// that error.
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
 	fs := faults.From(ctx)
-	c.keyOnly, c.anyInstallation = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation)
+	c.keyOnly, c.anyInstallation, c.ignoreEpoch = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation), fs.On(faults.IgnoreEpoch)
 	// Stopped while starting (registering, creating the durable consumer): a
 	// stop, not a failure.
 	b, err := c.register(ctx)
@@ -160,23 +164,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// would only be redelivered (an effect cut off half-way performed again after
 	// its lease expired), but finishing it is the graceful thing to do.
 	work := stop.Work(ctx)
+	// loop ends with ctx, or when the watch finds this database forked.
+	loop, stopLoop := context.WithCancel(ctx)
+	defer stopLoop()
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				batch, ok := q.take(ctx, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.linger)
+				batch, ok := q.take(loop, c.cfg.BatchSize, c.cfg.MaxBatchBytes, c.cfg.linger)
 				if len(batch) > 0 {
 					c.process(work, batch)
 				}
-				if !ok || ctx.Err() != nil {
+				if !ok || loop.Err() != nil {
 					return
 				}
 			}
 		}()
 	}
-	f.watch(ctx) // until ctx ends: keeps the durable consumer alive
+	forked := f.watch(ctx) // until ctx ends: keeps the durable consumer alive
+	stopLoop()
 	f.stop()
 	wg.Wait()
 	stopBeat()
@@ -185,6 +193,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for _, m := range q.drain() {
 		_ = m.Nak()
 	}
+	if forked != nil {
+		c.log.ErrorContext(ctx, "consumer stopped: its database is forked", "err", forked)
+		return forked
+	}
 	c.log.InfoContext(ctx, "consumer stopped")
 	return nil
 }
@@ -192,6 +204,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 // ErrForeignDurable is wrapped by the error of a consumer whose durable JetStream
 // consumer belongs to another installation.
 var ErrForeignDurable = errors.New("consumer: the durable consumer belongs to another installation")
+
+// ErrForkedDatabase is wrapped by the error of a consumer whose durable JetStream
+// consumer records a later binding than its database does: another database with
+// the installation's token (a physical copy of this one, or its original) bound it
+// since.
+var ErrForkedDatabase = errors.New("consumer: another copy of this database bound the durable consumer since")
 
 // binding is what the consumer binds its durable consumer with: the installation
 // it belongs to, and where a durable created now starts.
@@ -211,17 +229,17 @@ type binding struct {
 const startSkew = time.Minute
 
 // durableConfig is the configuration to create or update the durable with: the
-// consumer's own, its installation in the metadata, and, for a durable created
-// now, where it starts; an existing durable keeps where it started (JetStream
-// refuses to change that).
-func (c *Consumer) durableConfig(b binding, existing *jetstream.ConsumerInfo) jetstream.ConsumerConfig {
+// consumer's own, the binding's installation and epoch in the metadata, and, for a
+// durable created now, where it starts; an existing durable keeps where it started
+// (JetStream refuses to change that).
+func (c *Consumer) durableConfig(b binding, st installation.State, existing *jetstream.ConsumerInfo) jetstream.ConsumerConfig {
 	cfg := c.JetStreamConfig()
-	cfg.Metadata = map[string]string{installation.MetadataKey: b.installation}
+	cfg.Metadata = installation.Metadata(st, b.installation)
 	switch {
 	case existing != nil:
 		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = existing.Config.DeliverPolicy, existing.Config.OptStartSeq, existing.Config.OptStartTime
 		for k, v := range existing.Config.Metadata {
-			if k != installation.MetadataKey {
+			if _, ours := cfg.Metadata[k]; !ours {
 				cfg.Metadata[k] = v
 			}
 		}
@@ -236,53 +254,129 @@ func (c *Consumer) durableConfig(b binding, existing *jetstream.ConsumerInfo) je
 	return cfg
 }
 
-// bind finds or creates the durable consumer and makes it this installation's: one
-// that names another installation is refused; one that names none (made before
-// installations were recorded) is adopted.
+// bind finds or creates the durable consumer and makes it this installation's,
+// recording a new epoch of the installation in it (see claim).
 func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, error) {
 	for range 3 {
 		jc, err := c.js.Consumer(ctx, c.stream, c.cfg.Name)
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			jc, err = c.js.CreateConsumer(ctx, c.stream, c.durableConfig(b, nil))
+			st, err := c.bump(ctx, 0)
+			if err != nil {
+				return nil, err
+			}
+			jc, err = c.js.CreateConsumer(ctx, c.stream, c.durableConfig(b, st, nil))
 			if errors.Is(err, jetstream.ErrConsumerExists) {
 				continue // created by another worker meanwhile: bind to it
 			}
 			if err == nil {
-				c.checkRecorded(ctx, jc, b)
+				c.checkRecorded(ctx, jc, st)
 			}
 			return jc, err
 		case err != nil:
 			return nil, err
 		}
 		info := jc.CachedInfo()
-		switch owner := info.Config.Metadata[installation.MetadataKey]; {
-		case owner == b.installation, c.anyInstallation:
-		case owner == "":
-			c.log.InfoContext(ctx, "consumer: adopting a durable consumer that names no installation", "stream", c.stream, "installation", b.installation)
-		default:
-			return nil, fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s, and this consumer to %s (cluster/database/schema). "+
-				"Two installations on one durable split its messages between their inboxes, and each one's reconciler takes the other's acks for losses. "+
-				"Give this consumer another Name; or, if this database moved here on purpose, stop the old installation's workers and delete the durable "+
-				"(nats consumer rm %s %s): this consumer creates it again and its inbox folds what it re-reads",
-				ErrForeignDurable, c.cfg.Name, c.stream, owner, b.installation, c.stream, c.cfg.Name)
+		st, err := c.claim(ctx, b, installation.FromMetadata(info.Config.Metadata))
+		if err != nil {
+			return nil, err
 		}
-		jc, err = c.js.UpdateConsumer(ctx, c.stream, c.durableConfig(b, info))
+		jc, err = c.js.UpdateConsumer(ctx, c.stream, c.durableConfig(b, st, info))
 		if err == nil {
-			c.checkRecorded(ctx, jc, b)
+			c.checkRecorded(ctx, jc, st)
 		}
 		return jc, err
 	}
 	return nil, fmt.Errorf("consumer %s: the durable consumer kept changing while it was being bound", c.cfg.Name)
 }
 
+// claim decides whether the durable that recorded rec may be bound, and starts
+// the binding (a new epoch) when it may. Tokens name installations: one of
+// another token is refused (ErrForeignDurable). One of this token whose epoch is
+// ahead of this database's was bound since this database was copied from its
+// installation: this database is the copy left behind, and is refused
+// (ErrForkedDatabase). The check and the new epoch are one statement, so
+// binders of one database never refuse each other. A durable bound before tokens
+// is adopted when it names this database the old way, or nothing.
+func (c *Consumer) claim(ctx context.Context, b binding, rec installation.Recorded) (installation.State, error) {
+	own, err := installation.Load(ctx, c.pool, c.inst.Schema())
+	if err != nil {
+		return own, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
+	}
+	atLeast := rec.Epoch
+	switch {
+	case c.anyInstallation:
+		atLeast = 0
+	case rec.Token == own.Token:
+	case rec.Token != "":
+		return own, c.foreign(b, own, rec)
+	case rec.ID == b.installation:
+		c.log.InfoContext(ctx, "consumer: adopting a durable consumer bound before installation tokens; recording this installation's token in it",
+			"stream", c.stream, "installation", b.installation, "token", own.Token)
+	case rec.ID == "":
+		c.log.ErrorContext(ctx, "consumer: adopting a durable consumer whose metadata names no installation (its metadata was removed, or it was created by hand): "+
+			"if another installation's workers use it, they now split its messages with this one; stop them, or give one of the two consumers another Name",
+			"stream", c.stream, "installation", b.installation, "token", own.Token)
+	default:
+		return own, c.foreign(b, own, rec)
+	}
+	if c.ignoreEpoch {
+		atLeast = 0
+	}
+	return c.bump(ctx, atLeast)
+}
+
+// bump starts a binding: a new epoch, unless this database's is behind atLeast,
+// the durable's.
+func (c *Consumer) bump(ctx context.Context, atLeast int64) (installation.State, error) {
+	st, ok, err := installation.Bump(ctx, c.pool, c.inst.Schema(), atLeast)
+	if err != nil {
+		return st, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
+	}
+	if !ok {
+		if st, err = installation.Load(ctx, c.pool, c.inst.Schema()); err != nil {
+			return st, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
+		}
+		return st, c.forked(st, atLeast)
+	}
+	return st, nil
+}
+
+// foreign is the refusal of a durable of another installation.
+func (c *Consumer) foreign(b binding, own installation.State, rec installation.Recorded) error {
+	theirs := rec.Token
+	if theirs == "" {
+		theirs = "(none: bound before installation tokens)"
+	}
+	move := fmt.Sprintf("if this database replaces that installation on purpose (a move, a blue/green cut-over), stop the old installation's workers "+
+		"and run `worker installation adopt %s --epoch %d` here", rec.Token, rec.Epoch)
+	if rec.Token == "" {
+		move = fmt.Sprintf("if this database is that installation moved (a rename, pg_upgrade, a dump and restore while upgrading to installation tokens), "+
+			"stop the old workers and delete the durable (nats consumer rm %s %s): this consumer creates it again and its inbox folds what it re-reads", c.stream, c.cfg.Name)
+	}
+	return fmt.Errorf("%w: durable consumer %s on stream %s belongs to installation %s (%s), and this consumer to %s (%s); an installation is named by its token, and by cluster/database/schema in parentheses. "+
+		"Two installations on one durable split its messages between their inboxes, and each one's reconciler takes the other's acks for losses. "+
+		"Give this consumer another Name; or, %s",
+		ErrForeignDurable, c.cfg.Name, c.stream, theirs, rec.ID, own.Token, b.installation, move)
+}
+
+// forked is the refusal of a database whose epoch is behind its durable's.
+func (c *Consumer) forked(own installation.State, durable int64) error {
+	return fmt.Errorf("%w: durable consumer %s on stream %s was bound at epoch %d of installation %s, and this database is at epoch %d. "+
+		"Another database with this installation's token has bound it since: a physical copy of this one, or the one this database was copied from "+
+		"(a restored backup or snapshot, PITR, a clone, a promoted replica). Two databases on one durable split its messages and run their effects in both. "+
+		"If this database is a copy (staging, a restore test), point its workers at another NATS account or stream; "+
+		"if it is the one to keep, stop every worker of the other and run `worker installation adopt %s --epoch %d` here, then start again",
+		ErrForkedDatabase, c.cfg.Name, c.stream, durable, own.Token, own.Epoch, own.Token, durable)
+}
+
 // checkRecorded warns when the broker did not keep the installation in the
 // durable's metadata (nats-server before 2.10 drops it): installations sharing
 // a durable cannot be told apart there.
-func (c *Consumer) checkRecorded(ctx context.Context, jc jetstream.Consumer, b binding) {
-	if jc.CachedInfo().Config.Metadata[installation.MetadataKey] != b.installation {
+func (c *Consumer) checkRecorded(ctx context.Context, jc jetstream.Consumer, st installation.State) {
+	if jc.CachedInfo().Config.Metadata[installation.TokenKey] != st.Token {
 		c.log.WarnContext(ctx, "consumer: the NATS server does not keep consumer metadata (nats-server 2.10 or later does): "+
-			"another installation using this durable name could not be refused", "stream", c.stream)
+			"another installation using this durable name, or a copy of this database, could not be refused", "stream", c.stream)
 	}
 }
 
@@ -303,7 +397,7 @@ func (c *Consumer) createDurable(ctx context.Context, b binding) (jetstream.Cons
 		case errors.Is(err, jetstream.ErrStreamNotFound):
 			c.setHealth(fmt.Errorf("consumer %s: stream %s does not exist", c.cfg.Name, c.stream))
 			c.log.WarnContext(ctx, "consumer: its stream does not exist; waiting for it", "stream", c.stream)
-		case errors.Is(err, ErrForeignDurable):
+		case errors.Is(err, ErrForeignDurable), errors.Is(err, ErrForkedDatabase):
 			return nil, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 		case refused(err), failures+1 >= maxCreateFailures:
 			return nil, fmt.Errorf("consumer %s: create durable consumer on stream %s: %w", c.cfg.Name, c.stream, err)
@@ -482,8 +576,10 @@ func (f *fetcher) stop() {
 // watch checks the durable consumer every CheckInterval (at once when nats.go
 // reports it deleted) until ctx ends, and recreates it — and the subscription —
 // when either is gone. While it cannot (its stream is gone too), Health says so;
-// the worker recreates streams. It also refreshes the registration.
-func (f *fetcher) watch(ctx context.Context) {
+// the worker recreates streams. It also refreshes the registration. It returns
+// early, with ErrForkedDatabase, when a copy of this database has bound the
+// durable since this consumer did: the two would split its messages.
+func (f *fetcher) watch(ctx context.Context) error {
 	c := f.c
 	// At least every SeenEvery, so the registration is refreshed on time.
 	t := time.NewTicker(min(c.cfg.CheckInterval, registry.SeenEvery))
@@ -495,11 +591,16 @@ func (f *fetcher) watch(ctx context.Context) {
 		f.mu.Unlock()
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		case <-deleted:
 		}
-		_, err := jc.Info(ctx)
+		info, err := jc.Info(ctx)
+		if err == nil {
+			if err := c.checkFork(ctx, installation.FromMetadata(info.Config.Metadata)); err != nil {
+				return err
+			}
+		}
 		f.mu.Lock()
 		subscribed := f.subscribed
 		f.mu.Unlock()
@@ -519,6 +620,21 @@ func (f *fetcher) watch(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// checkFork returns ErrForkedDatabase when the durable that recorded rec was
+// bound since by a copy of this database: the same token, an epoch ahead of this
+// database's (read after the durable, so a binder of this database is never
+// ahead). Other states are the next binding's to judge.
+func (c *Consumer) checkFork(ctx context.Context, rec installation.Recorded) error {
+	if c.ignoreEpoch || c.anyInstallation || rec.Token == "" {
+		return nil
+	}
+	own, err := installation.Load(ctx, c.pool, c.inst.Schema())
+	if err != nil || rec.Token != own.Token || rec.Epoch <= own.Epoch {
+		return nil // a database unreachable now: the next check reads it again
+	}
+	return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.forked(own, rec.Epoch))
 }
 
 // recreate creates (or finds) the durable consumer again and restarts the

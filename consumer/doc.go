@@ -11,9 +11,11 @@
 // deliveries.
 //
 // The durable belongs to one installation (the database and schema of the inbox),
-// recorded in its metadata: a consumer of another installation with the same Name
-// is refused (ErrForeignDurable). Config.Start says where a consumer new to the
-// installation starts reading.
+// whose token it records in its metadata with the epoch of its last binding: a
+// consumer of another installation with the same Name is refused
+// (ErrForeignDurable), and so is one whose database is behind the durable's epoch,
+// a copy of the database that another copy has bound since (ErrForkedDatabase).
+// Config.Start says where a consumer new to the installation starts reading.
 //
 // # In-transaction handlers
 //

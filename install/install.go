@@ -137,19 +137,22 @@ func init() {
 	})
 }
 
-// ID names the installation, once known (Identify): the database cluster, the
-// database and the schema of its tables. Empty before Identify.
+// ID is the installation's old-style name, once known (Identify): the database
+// cluster, the database and the schema of its tables. Empty before Identify.
 func (i *Installation) ID() string {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	return i.id
 }
 
-// Identify asks the database which installation this is, once:
-// "<cluster's system identifier>/<database>/<schema>". A copy of the database in
-// another cluster, another database of the same cluster, and another schema of
-// the same database are each another installation. A JetStream durable consumer
-// records it, so that two installations never share one.
+// Identify asks the database for the installation's old-style name, once:
+// "<cluster's system identifier>/<database>/<schema>". It does not tell a physical
+// copy of the database (a restored backup, a snapshot) from the original, and a
+// rename or pg_upgrade changes it: durables record it only for messages and to
+// adopt those bound before installation tokens. What names the installation is
+// the token in idem_installation, which a durable records with the epoch of its
+// last binding, so that a copy that falls behind is refused
+// (consumer.ErrForkedDatabase).
 func (i *Installation) Identify(ctx context.Context) (string, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()

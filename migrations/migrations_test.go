@@ -139,3 +139,36 @@ func TestCheckNamesTheLibrarysWayOut(t *testing.T) {
 		t.Errorf("Check does not say what is missing: %v", err)
 	}
 }
+
+// Each installation (a schema of a database) gets a token of its own, made once:
+// the printed SQL run again keeps it.
+func TestEachInstallationGetsItsOwnToken(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{Schema: "billing_idem"}); err != nil {
+		t.Fatal(err)
+	}
+	token := func(schema string) string {
+		t.Helper()
+		var tok string
+		if err := db.Pool.QueryRow(ctx, `SELECT token::text FROM `+schema+`.idem_installation`).Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	public, billing := token("public"), token("billing_idem")
+	if public == billing {
+		t.Errorf("two schemas share the token %s", public)
+	}
+	sql, err := migrations.SQL(migrations.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+	if n := db.Count(t, `SELECT count(*) FROM idem_installation`); n != 1 || token("public") != public {
+		t.Errorf("after the SQL ran again: %d rows, token %s; want the one row of token %s", n, token("public"), public)
+	}
+}

@@ -55,6 +55,8 @@ func TestEachCommandTakesOnlyItsFlags(t *testing.T) {
 		"healthcheck":         {"http-addr", "json"},
 		"consumers rename":    slices.Concat([]string{"force"}, db, nats),
 		"consumers forget":    db,
+		"installation show":   append([]string{"json"}, db...),
+		"installation adopt":  append([]string{"epoch"}, db...),
 		"help":                nil,
 	}
 	service := map[string]bool{}

@@ -13,6 +13,8 @@
 //	worker healthcheck [--json] [flags]         exit 0 if the worker at --http-addr is ready
 //	worker consumers rename OLD NEW [--force]   rename a consumer, keeping its inbox
 //	worker consumers forget NAME                remove a retired consumer from the registry
+//	worker installation show                    this database's installation token and epoch
+//	worker installation adopt TOKEN [--epoch N] take over another installation's durables
 //	worker help [SUBCOMMAND]                    the help of the worker, or of a subcommand
 //
 // Each subcommand takes only the flags it uses (worker SUBCOMMAND -h lists them)
@@ -76,6 +78,10 @@ func rootCommand() group {
 				newCommand("consumers rename", consumersUsage+"\nflags:\n", runConsumersRename),
 				newCommand("consumers forget", consumersUsage+"\nflags:\n", runConsumersForget),
 			}},
+			group{name: "installation", usage: installationUsage, subs: []runner{
+				newCommand("installation show", installationUsage+"\nflags:\n", runInstallationShow),
+				newCommand("installation adopt", installationUsage+"\nflags:\n", runInstallationAdopt),
+			}},
 			newCommand("help", helpUsage, runHelp),
 		},
 	}
@@ -102,6 +108,10 @@ const usage = `usage:
                                        put dead letters back on their way with their keys, through
                                        the outbox, to the consumer that filed each one; filters select
                                        in bulk, --dry-run writes nothing (see worker dead-letters -h)
+  worker installation show [--json]    this database's installation: its token and epoch
+  worker installation adopt TOKEN [--epoch N]
+                                       give this database another installation's token, to bind
+                                       its durables (a move; see worker installation -h)
   worker help [SUBCOMMAND]             this help, or a subcommand's
 
 Each subcommand takes only the flags it uses, listed by worker SUBCOMMAND -h (the

@@ -69,6 +69,11 @@ const (
 	// to another installation, and the reconciler reads another installation's
 	// acks as its own.
 	AnyInstallation Point = "consumer.any-installation"
+	// IgnoreEpoch is a switch: armed, a consumer binds a durable of its
+	// installation's token whatever epoch the durable records, so a copy of the
+	// database (a restored backup, a snapshot) binds the durables its original
+	// bound since, and runs their effects a second time.
+	IgnoreEpoch Point = "consumer.ignore-epoch"
 	// RedriveToAll is a switch: armed, the reconciler re-drives a lost intent to
 	// every consumer of its subject (no Idem-Replay-For), up to the missing
 	// consumers' own key lifetimes, and counts an expired inbox row as settled.
@@ -114,7 +119,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
+	KeyOnlyIdentity, AnyInstallation, IgnoreEpoch, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -194,7 +199,7 @@ func Parse(spec string) (*Set, error) {
 
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
-	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
+	KeyOnlyIdentity: true, AnyInstallation: true, IgnoreEpoch: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
 	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics

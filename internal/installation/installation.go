@@ -1,31 +1,46 @@
-// Package installation names an installation of idem: the database cluster, the
-// database and the schema that hold its tables. A JetStream durable consumer
-// belongs to one installation (its inbox is there), and the name is what the
-// durable records in its metadata.
+// Package installation names an installation of idem: the tables of one schema of
+// one database, wherever that database lives. Its name is a random token, made by
+// the migration that creates idem_installation, so that a rename, pg_upgrade or a
+// dump and restore keep it. A JetStream durable consumer belongs to one
+// installation (its inbox is there) and records the token in its metadata, with
+// the epoch of its last binding: a physical copy of the database carries the
+// token too, and the epoch is what tells it from the original.
 package installation
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/internal/pgschema"
 )
 
-// MetadataKey is the durable consumer's metadata entry that names the installation
-// it belongs to.
-const MetadataKey = "idem.installation"
+// The durable consumer's metadata entries.
+const (
+	// MetadataKey names the installation the old way, by cluster, database and
+	// schema (Of). Still written, for the workers of a rolling upgrade; read only
+	// to adopt a durable bound before tokens.
+	MetadataKey = "idem.installation"
+	// TokenKey is the installation's token (State.Token).
+	TokenKey = "idem.token"
+	// EpochKey is the epoch of the durable's last binding (State.Epoch).
+	EpochKey = "idem.epoch"
+)
 
-// Row is what Of needs of a pool, connection or transaction.
+// Row is what the functions here need of a pool, connection or transaction.
 type Row interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Of names the installation whose tables are in schema of db's database:
-// "<cluster's system identifier>/<database>/<schema>". A copy of the database in
-// another cluster, another database of the same cluster, and another schema of the
-// same database are each another installation.
+// Of names the installation whose tables are in schema of db's database the old
+// way: "<cluster's system identifier>/<database>/<schema>". A physical copy of
+// the database carries it, and a rename or pg_upgrade changes it: it identifies
+// nothing by itself any more, and serves to adopt durables recorded with it and in
+// messages.
 func Of(ctx context.Context, db Row, schema string) (string, error) {
 	var cluster, database string
 	if err := db.QueryRow(ctx, sqlOf).Scan(&cluster, &database); err != nil {
@@ -35,3 +50,86 @@ func Of(ctx context.Context, db Row, schema string) (string, error) {
 }
 
 const sqlOf = `SELECT system_identifier::text, current_database()::text FROM pg_control_system()`
+
+// State is the installation's row: its token, and the epoch of its last binding.
+type State struct {
+	Token string
+	Epoch int64
+}
+
+// Load reads the installation's row.
+func Load(ctx context.Context, db Row, schema string) (State, error) {
+	var s State
+	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlLoad)).Scan(&s.Token, &s.Epoch)
+	return s, wrap("load", err)
+}
+
+// Bump starts a binding: it adds one to the epoch and returns the row, unless the
+// epoch is behind atLeast (the epoch a durable recorded), when it changes nothing
+// and returns ok false. One statement, so that concurrent binders of one database
+// each get an epoch of their own, and none is ever behind what another wrote.
+func Bump(ctx context.Context, db Row, schema string, atLeast int64) (s State, ok bool, err error) {
+	err = db.QueryRow(ctx, pgschema.Qualify(schema, sqlBump), atLeast).Scan(&s.Token, &s.Epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return s, false, nil
+	}
+	return s, err == nil, wrap("bump the epoch", err)
+}
+
+// Adopt gives the installation token, and an epoch of at least epoch: this
+// database then binds the durables of the installation it replaces (a move to
+// another database whose token differs, or the original taking back its durables
+// from a retired copy). It returns the new row.
+func Adopt(ctx context.Context, db Row, schema, token string, epoch int64) (State, error) {
+	var s State
+	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlAdopt), token, epoch).Scan(&s.Token, &s.Epoch)
+	return s, wrap("adopt", err)
+}
+
+// Recorded is what a durable consumer's metadata says of its installation.
+type Recorded struct {
+	Token string // "" for a durable bound before tokens
+	Epoch int64
+	ID    string // the old-style name (Of), "" when absent
+}
+
+// FromMetadata reads a durable consumer's metadata. An epoch that does not parse
+// reads as 0: the durable then orders nothing, and the binding restamps it.
+func FromMetadata(md map[string]string) Recorded {
+	epoch, _ := strconv.ParseInt(md[EpochKey], 10, 64)
+	return Recorded{Token: md[TokenKey], Epoch: epoch, ID: md[MetadataKey]}
+}
+
+// Metadata is the metadata recording a binding: s, and the old-style id.
+func Metadata(s State, id string) map[string]string {
+	return map[string]string{TokenKey: s.Token, EpochKey: strconv.FormatInt(s.Epoch, 10), MetadataKey: id}
+}
+
+// Owns reports whether a durable that recorded r is this installation's, whose
+// row is s: the same token and an epoch not ahead of s's. A durable recorded
+// before tokens is its own when it names id.
+func Owns(s State, id string, r Recorded) bool {
+	if r.Token == "" {
+		return r.ID == "" || r.ID == id
+	}
+	return r.Token == s.Token && r.Epoch <= s.Epoch
+}
+
+func wrap(what string, err error) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+		return fmt.Errorf("installation: %s: idem_installation does not exist: apply idem's migrations (worker migrate, or migrations.Apply): %w", what, err)
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("installation: %s: idem_installation has no row: apply idem's migrations again (worker migrate), which makes it", what)
+	}
+	return fmt.Errorf("installation: %s: %w", what, err)
+}
+
+const (
+	sqlLoad  = `SELECT token::text, epoch FROM idem_installation`
+	sqlBump  = `UPDATE idem_installation SET epoch = epoch + 1 WHERE epoch >= $1 RETURNING token::text, epoch`
+	sqlAdopt = `UPDATE idem_installation SET token = $1::uuid, epoch = greatest(epoch, $2::bigint), adopted_at = now() RETURNING token::text, epoch`
+)

@@ -22,7 +22,7 @@ const Default = "public"
 // tables matches a reference to one of idem's tables: the whole identifier, not a
 // prefix of a longer one (an index such as idem_outbox_unpublished), and not one
 // already qualified.
-var tables = regexp.MustCompile(`(^|[^.\w"])(idem_(?:requests|outbox_published|outbox|inbox|dead_letters|consumers|attempts|schema_migrations))\b`)
+var tables = regexp.MustCompile(`(^|[^.\w"])(idem_(?:requests|outbox_published|outbox|inbox|dead_letters|consumers|attempts|installation|schema_migrations))\b`)
 
 var ident = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 

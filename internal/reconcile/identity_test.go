@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/relay"
@@ -341,5 +342,56 @@ func TestRenameKeepsTheInbox(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "other reads the history", func() bool { return b.env.AllEffects(t) == 6 })
 	if regs, _ := registry.Registered(ctx, b.env.DB.Pool, ""); len(regs) != 2 {
 		t.Errorf("registered after the rename = %v; want ledger and other", regs)
+	}
+}
+
+// A copy of the database (the same token, an older epoch) whose original bound
+// the durable since: the copy's reconciler does not take the original's acks for
+// its own consumer's, or it would re-drive every row of the copy the original's
+// consumer acked.
+func TestACopysReconcilerIgnoresTheOriginalsAcks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	before, err := installation.Load(context.Background(), b.env.DB.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.consumer(t, "shared", testenv.Subject) // the original binds: its epoch passes the copy's
+
+	cp := pgtest.New(t)
+	if _, err := cp.Pool.Exec(context.Background(), `UPDATE idem_installation SET token = $1::uuid, epoch = $2`, before.Token, before.Epoch); err != nil {
+		t.Fatal(err)
+	}
+	cpInst, err := install.New(cp.Pool, b.env.NC, install.Config{Stream: b.inst.Stream()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpRelay, err := relay.New(cpInst, relay.Config{AwaitProof: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpRec, err := reconcile.New(cpInst, reconcile.Config{After: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := registry.Register(context.Background(), cp.Pool, "", registry.Consumer{Name: "shared", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: 72 * time.Hour}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(context.Background(), cp.Pool, func(tx pgx.Tx) error {
+		return b.ob.Enqueue(context.Background(), tx, idem.Message{Key: "k-copy", Subject: testenv.Subject, Payload: []byte(`{}`)})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cpRelay.Drain(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the original consumes it", func() bool { return b.env.Effects(t, "k-copy") == 1 })
+	testenv.Eventually(t, 10*time.Second, "acked", b.env.Drained(t, "shared"))
+	rep, err := cpRec.Pass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Redriven != 0 || rep.Lagging != 1 {
+		t.Fatalf("the copy's reconciler: %+v; want lagging, not re-driven on the original's acks", rep)
 	}
 }

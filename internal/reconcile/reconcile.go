@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
@@ -195,7 +196,10 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 		for {
 			// The stream's state is read afresh for each batch: a row re-published
 			// since the last read must not look beyond the stream's end.
-			s := &streamView{js: r.js, name: r.stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation)}
+			s := &streamView{js: r.js, name: r.stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation),
+				own: func(ctx context.Context) (installation.State, error) {
+					return installation.Load(ctx, r.pool, r.inst.Schema())
+				}}
 			rep, last, err := r.batch(ctx, consumers, s, load, after)
 			total.add(rep)
 			if err != nil {

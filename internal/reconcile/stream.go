@@ -20,10 +20,13 @@ import (
 type streamView struct {
 	js   jetstream.JetStream
 	name string
-	// installation is the reconciler's own (internal/installation): a durable
-	// consumer that belongs to another installation says nothing about this
-	// installation's consumer of the same name.
+	// installation is the reconciler's own old-style name (installation.Of), and
+	// own reads its row (token and epoch): a durable consumer that belongs to
+	// another installation, or that a later binding of a copy of this database
+	// took, says nothing about this installation's consumer of the same name.
 	installation string
+	own          func(ctx context.Context) (installation.State, error)
+	state        *installation.State // read with the first durable
 	// anyInstallation is the negative control (faults.AnyInstallation): every
 	// durable's acks are read as this installation's.
 	anyInstallation bool
@@ -85,13 +88,35 @@ func (s *streamView) ackFloor(ctx context.Context, name string) (*uint64, error)
 		return nil, fmt.Errorf("reconcile: consumer %s: %w", name, err)
 	}
 	info := c.CachedInfo()
-	if owner := info.Config.Metadata[installation.MetadataKey]; owner != "" && owner != s.installation && !s.anyInstallation {
+	owns, err := s.owns(ctx, installation.FromMetadata(info.Config.Metadata))
+	if err != nil {
+		return nil, err
+	}
+	if !owns && !s.anyInstallation {
 		s.ackFloors[name] = nil
 		return nil, nil
 	}
 	floor := info.AckFloor.Stream
 	s.ackFloors[name] = &floor
 	return &floor, nil
+}
+
+// owns reports whether a durable that recorded r is this installation's. The row
+// is read after the durable, and again when the durable's epoch is ahead of it: a
+// binder of this database may have bumped the epoch in between.
+func (s *streamView) owns(ctx context.Context, r installation.Recorded) (bool, error) {
+	for fresh := s.state == nil; ; fresh = true {
+		if fresh {
+			st, err := s.own(ctx)
+			if err != nil {
+				return false, fmt.Errorf("reconcile: %w", err)
+			}
+			s.state = &st
+		}
+		if installation.Owns(*s.state, s.installation, r) || fresh {
+			return installation.Owns(*s.state, s.installation, r), nil
+		}
+	}
 }
 
 // lost reports whether the stream can no longer deliver u to a consumer missing it,

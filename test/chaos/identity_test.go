@@ -177,7 +177,7 @@ func twoInstallations(t *testing.T, negative bool) (idFigures, []string) {
 		case negative:
 		case len(outcomes) != 1 || outcomes[0] != "exit status 1":
 			wrong = append(wrong, fmt.Sprintf("%s of the second installation ended %v, want one exit with status 1", s.name, outcomes))
-		case !strings.Contains(refusal, "belongs to installation "+instA) || !strings.Contains(refusal, "this consumer to "+instB):
+		case !strings.Contains(refusal, "("+instA+")") || !strings.Contains(refusal, "("+instB+")"):
 			wrong = append(wrong, fmt.Sprintf("%s's refusal does not name both installations (%s, %s): %q", s.name, instA, instB, refusal))
 		default:
 			nRefused++

@@ -178,6 +178,40 @@ func (w *idWorld) createDatabase(ctx context.Context, name string) (*chaosDB, er
 	if _, err := w.pg.exec(ctx, "CREATE DATABASE "+name); err != nil {
 		return nil, err
 	}
+	db, err := w.openDatabase(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
+		return nil, fmt.Errorf("chaos: migrate %s: %w", name, err)
+	}
+	return db, nil
+}
+
+// copyDatabase makes name a physical copy of the first installation's database
+// (CREATE DATABASE ... TEMPLATE: a file copy inside the cluster, as a restored base
+// backup or a snapshot is one of the whole cluster). Nothing may be connected to
+// the original meanwhile: the caller holds its workers down; the checker's
+// connections are closed here, and leftovers of killed processes ended.
+func (w *idWorld) copyDatabase(ctx context.Context, name string) (*chaosDB, error) {
+	w.dbs[0].Pool.Reset()
+	src := w.dbs[0].Name
+	err := w.waitFor(time.Minute, "no connection to "+src, func() (bool, string, error) {
+		if _, err := w.pg.exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '"+src+"' AND pid <> pg_backend_pid()"); err != nil {
+			return false, "", err
+		}
+		_, err := w.pg.exec(ctx, "CREATE DATABASE "+name+" TEMPLATE "+src)
+		return err == nil, fmt.Sprint(err), nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return w.openDatabase(ctx, name)
+}
+
+// openDatabase opens the checker's pool on the database name of the case's
+// cluster.
+func (w *idWorld) openDatabase(ctx context.Context, name string) (*chaosDB, error) {
 	u, err := url.Parse(w.dbs[0].URL)
 	if err != nil {
 		return nil, err
@@ -194,9 +228,6 @@ func (w *idWorld) createDatabase(ctx context.Context, name string) (*chaosDB, er
 		return nil, fmt.Errorf("chaos: open pool: %w", err)
 	}
 	w.t.Cleanup(db.Pool.Close)
-	if _, err := migrations.Apply(ctx, db.Pool, migrations.Config{}); err != nil {
-		return nil, fmt.Errorf("chaos: migrate %s: %w", name, err)
-	}
 	return db, nil
 }
 
