@@ -73,6 +73,12 @@ const (
 	// every consumer of its subject (no Idem-Replay-For), up to the missing
 	// consumers' own key lifetimes, and counts an expired inbox row as settled.
 	RedriveToAll Point = "reconcile.redrive-to-all"
+	// RenameBackfills is a switch: armed, a consumer new to the installation
+	// with the stream and filter of a registered one that settled messages
+	// backfills by default instead of being refused as a likely rename
+	// (consumer.ErrLikelyRenamed): a rename done in configuration runs the
+	// history again under a name whose inbox is empty.
+	RenameBackfills Point = "consumer.rename-backfills"
 	// OldDeadLettersProve is a switch: armed, the reconciler counts any dead
 	// letter of a key as its settlement, the one a replay replays included.
 	OldDeadLettersProve Point = "reconcile.old-dead-letters-prove"
@@ -114,7 +120,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
+	KeyOnlyIdentity, AnyInstallation, RenameBackfills, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
