@@ -50,19 +50,19 @@ func (c *Consumer) refuseRename(ctx context.Context) error {
 	if c.cfg.Start != StartDefault || c.renameBackfills {
 		return nil
 	}
-	_, err := c.js.Consumer(ctx, c.stream, c.cfg.Name)
-	switch {
-	case err == nil:
-		return nil
-	case !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound):
-		return fmt.Errorf("consumer %s: look up its durable consumer: %w", c.cfg.Name, err)
-	}
 	from, err := registry.LikelyRenamedFrom(ctx, c.pool, c.inst.Schema(), registry.Consumer{Name: c.cfg.Name, Stream: c.stream, FilterSubject: c.cfg.Subject})
 	if err != nil {
-		return fmt.Errorf("consumer: %w", err)
+		return fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 	}
 	if len(from) == 0 {
 		return nil
+	}
+	_, err = c.js.Consumer(ctx, c.stream, c.cfg.Name)
+	switch {
+	case err == nil, errors.Is(err, jetstream.ErrInvalidConsumerName):
+		return nil // a restart; or a name the broker refuses when it is bound
+	case !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("consumer %s: look up its durable consumer: %w", c.cfg.Name, err)
 	}
 	return &LikelyRenamedError{Name: c.cfg.Name, From: from}
 }
