@@ -3,6 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -411,5 +412,48 @@ func TestARenameInConfigurationIsRefused(t *testing.T) {
 	}
 	if err := b.startOrRefusal(t, "ledger"); err != nil {
 		t.Fatalf("ledger restarted: %v; a restart of a registered name is never refused", err)
+	}
+}
+
+// What a likely rename does not refuse: new consumers of the same messages while
+// none has settled anything (a first deploy of two consumers), a name whose
+// durable consumer exists (a restart), and a new name once the old one is
+// forgotten. Once they have settled, the next new name is refused.
+func TestALikelyRenameRefusesOnlyANewNameBesideSettlements(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.consumer(t, "a", testenv.Subject)
+	b.consumer(t, "b", testenv.Subject)
+	b.publish(t, testenv.Subject, "k-1")
+	testenv.Eventually(t, 10*time.Second, "a and b settle", func() bool { return b.env.Effects(t, "k-1") == 2 })
+
+	err := b.startOrRefusal(t, "c")
+	var refusal *consumer.LikelyRenamedError
+	if !errors.As(err, &refusal) || !slices.Equal(refusal.From, []string{"a", "b"}) || !strings.Contains(err.Error(), "worker consumers rename OLD c") {
+		t.Fatalf("c beside a and b = %v; want a LikelyRenamedError from a and b", err)
+	}
+
+	// A durable consumer of the name exists (its registration was forgotten
+	// while it ran): a restart.
+	cfg := testenv.ConsumerConfig("d")
+	if _, err := b.env.JS.CreateConsumer(context.Background(), testenv.Stream, jetstream.ConsumerConfig{Durable: "d", FilterSubject: cfg.Subject, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.startOrRefusal(t, "d"); err != nil {
+		t.Fatalf("d with its durable consumer: %v; want it started", err)
+	}
+
+	// The old names forgotten (retired), a new name backfills.
+	ctx := context.Background()
+	for _, name := range []string{"a", "b", "d"} {
+		if _, err := consumer.Forget(ctx, b.inst, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.startOrRefusal(t, "c"); err != nil {
+		t.Fatalf("c after forget: %v; want it started", err)
+	}
+	if got := b.env.Effects(t, "k-1"); got != 4 {
+		t.Fatalf("effects of k-1 = %d, want 4: a, b, d, and c's backfill", got)
 	}
 }
