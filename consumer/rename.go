@@ -32,7 +32,7 @@ func (e *LikelyRenamedError) Error() string {
 	if len(e.From) == 1 {
 		one = e.From[0]
 	}
-	return fmt.Sprintf("consumer %s: likely renamed: it is new to this installation, with the stream and filter of %s, which settled messages the stream may still hold; "+
+	return fmt.Sprintf("consumer: likely renamed: %s is new to this installation, with the stream and filter of %s, which settled messages the stream may still hold; "+
 		"backfilling would run them all again under a name whose inbox is empty. "+
 		"If this is a rename, stop every worker of %s and run `worker consumers rename %s %s` (or consumer.Rename) so %s keeps its inbox; "+
 		"if %s is retired, `worker consumers forget %s` (or consumer.Forget) first; "+

@@ -200,7 +200,7 @@ func Parse(spec string) (*Set, error) {
 
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
-	KeyOnlyIdentity: true, AnyInstallation: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
+	KeyOnlyIdentity: true, AnyInstallation: true, RenameBackfills: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
 	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
