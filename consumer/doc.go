@@ -13,7 +13,9 @@
 // The durable belongs to one installation (the database and schema of the inbox),
 // recorded in its metadata: a consumer of another installation with the same Name
 // is refused (ErrForeignDurable). Config.Start says where a consumer new to the
-// installation starts reading.
+// installation starts reading; by default a new name that looks like a rename of
+// a registered consumer is refused (ErrLikelyRenamed): rename the old one (Rename)
+// so the new name keeps its inbox.
 //
 // # In-transaction handlers
 //
