@@ -26,6 +26,7 @@ type LikelyRenamedError struct {
 	From []string
 }
 
+// Error names the old consumers and the ways out.
 func (e *LikelyRenamedError) Error() string {
 	old := strings.Join(e.From, ", ")
 	one := "OLD"
@@ -37,7 +38,7 @@ func (e *LikelyRenamedError) Error() string {
 		"If this is a rename, stop every worker of %s and run `worker consumers rename %s %s` (or consumer.Rename) so %s keeps its inbox; "+
 		"if %s is retired, `worker consumers forget %s` (or consumer.Forget) first; "+
 		"if %s is another consumer of the same messages, set its Config.Start explicitly: StartBackfill to run what the stream holds, StartNew to start with what is published from now on",
-		e.Name, old, old, one, e.Name, e.Name, old, one, e.Name)
+		e.Name, old, old, one, e.Name, e.Name, old, one, e.Name) // forget takes one name at a time
 }
 
 // Is makes the error match ErrLikelyRenamed.
