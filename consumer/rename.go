@@ -38,7 +38,7 @@ func (e *LikelyRenamedError) Error() string {
 		"If this is a rename, stop every worker of %s and run `worker consumers rename %s %s` (or consumer.Rename) so %s keeps its inbox; "+
 		"if %s is retired, `worker consumers forget %s` (or consumer.Forget) first; "+
 		"if %s is another consumer of the same messages, set its Config.Start explicitly: StartBackfill to run what the stream holds, StartNew to start with what is published from now on",
-		e.Name, old, old, one, e.Name, e.Name, old, one, e.Name) // forget takes one name at a time
+		e.Name, old, old, one, e.Name, e.Name, old, one, e.Name)
 }
 
 // Is makes the error match ErrLikelyRenamed.
