@@ -101,12 +101,20 @@ type Config struct {
 	MaxBatchBytes int64
 
 	// Start says where a consumer new to the installation starts. StartBackfill
-	// (the default) reads everything the stream holds, and is responsible for
-	// every intent not yet proven settled, so a first deploy that starts producers
-	// before consumers loses nothing. StartNew reads only what is published after
-	// it first registered, and the reconciler expects it to settle only intents
-	// written since. A consumer registered before keeps where it started: the
-	// setting matters only the first time a name runs in an installation.
+	// reads everything the stream holds, and is responsible for every intent not
+	// yet proven settled, so a first deploy that starts producers before consumers
+	// loses nothing. StartNew reads only what is published after it first
+	// registered, and the reconciler expects it to settle only intents written
+	// since. StartDefault (the zero value) backfills, unless the consumer looks
+	// like a rename: a new name (no durable consumer, not registered) with the
+	// stream and filter of a registered consumer that has settled messages. Then
+	// Run refuses it with ErrLikelyRenamed, since backfilling would run what the
+	// old name settled again under a name whose inbox is empty. Rename the old
+	// consumer (Rename; worker consumers rename OLD NEW) so the new name keeps its
+	// inbox, Forget a retired one, or set Start explicitly for a second consumer
+	// of the same messages. A consumer registered before keeps where it started
+	// and is never refused: the setting matters only the first time a name runs
+	// in an installation.
 	Start StartPolicy
 
 	// Ordered processes deliveries strictly in stream order, one at a time: the
@@ -134,8 +142,12 @@ type Config struct {
 type StartPolicy int
 
 const (
-	// StartBackfill reads what the stream holds; the default.
-	StartBackfill StartPolicy = iota
+	// StartDefault backfills, like StartBackfill, but refuses a likely rename
+	// (ErrLikelyRenamed); see Config.Start.
+	StartDefault StartPolicy = iota
+	// StartBackfill reads what the stream holds, even beside a registered
+	// consumer of the same stream and filter.
+	StartBackfill
 	// StartNew reads what is published after the consumer first registered.
 	StartNew
 )
@@ -152,7 +164,7 @@ func (c Config) validate() error {
 		return errors.New("consumer: Name is required")
 	case strings.Contains(c.Name, ","):
 		return fmt.Errorf("consumer %s: Name must not contain a comma (it separates names in %s)", c.Name, idem.HeaderReplayFor)
-	case c.Start != StartBackfill && c.Start != StartNew:
+	case c.Start < StartDefault || c.Start > StartNew:
 		return fmt.Errorf("consumer %s: unknown Start %d", c.Name, c.Start)
 	case c.Subject == "":
 		return fmt.Errorf("consumer %s: Subject is required", c.Name)

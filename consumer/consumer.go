@@ -51,8 +51,9 @@ type Consumer struct {
 	health atomic.Pointer[error]
 	// keyOnly, anyInstallation and ignoreEpoch are the negative controls of a
 	// delivery's identity (faults.KeyOnlyIdentity, faults.AnyInstallation,
-	// faults.IgnoreEpoch), read at Run.
-	keyOnly, anyInstallation, ignoreEpoch bool
+	// faults.IgnoreEpoch), renameBackfills that of a likely rename
+	// (faults.RenameBackfills), read at Run.
+	keyOnly, anyInstallation, ignoreEpoch, renameBackfills bool
 }
 
 // idOf names d in the inbox: its key and its message (idem.MessageOf).
@@ -122,16 +123,22 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // one that a copy of this database bound since (an epoch ahead of this
 // database's) is refused with ErrForkedDatabase, at the start and, while Run
 // runs, at every check of the durable (Config.CheckInterval), when Run returns
-// that error.
+// that error. A consumer new to the installation that looks like a rename of a
+// registered one is refused with ErrLikelyRenamed, unregistered and without a
+// durable (see Config.Start).
 func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping = ctx.Done()
 	fs := faults.From(ctx)
 	c.keyOnly, c.anyInstallation, c.ignoreEpoch = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation), fs.On(faults.IgnoreEpoch)
+	c.renameBackfills = fs.On(faults.RenameBackfills)
 	// Stopped while starting (registering, creating the durable consumer): a
 	// stop, not a failure.
 	b, err := c.register(ctx)
+	if errors.Is(err, ErrLikelyRenamed) {
+		return err
+	}
 	if err != nil {
-		return nil
+		return nil // stopped while starting: a stop, not a failure
 	}
 	jc, err := c.createDurable(ctx, b)
 	if ctx.Err() != nil {
@@ -457,19 +464,14 @@ func (c *Consumer) setHealth(err error) {
 // reads, how long it remembers keys, and where it starts. The reconciler proves an
 // intent complete only when every registered consumer whose filter matches has
 // settled it, so a consumer must be registered before it takes a message; while
-// the database is down it waits. It fails only when ctx ends first.
+// the database is down it waits. It fails when ctx ends first, and refuses a
+// likely rename (ErrLikelyRenamed) before registering it.
 func (c *Consumer) register(ctx context.Context) (binding, error) {
 	wait := 100 * time.Millisecond
 	for {
 		b, err := c.registerOnce(ctx)
-		if err == nil {
-			if names := b.reg.LikelyRenamedFrom; len(names) > 0 {
-				c.log.WarnContext(ctx, "consumer: new to this installation, with the stream and filter of consumers not seen lately: if this is a rename, "+
-					"stop this consumer and rename the old one instead (registry.Rename; worker consumers rename OLD NEW) so it keeps its inbox; "+
-					"otherwise forget the old ones (registry.Forget), or every intent they read waits for them",
-					"not_seen_lately", names)
-			}
-			return b, nil
+		if err == nil || errors.Is(err, ErrLikelyRenamed) {
+			return b, err
 		}
 		if ctx.Err() != nil {
 			return binding{}, ctx.Err()
@@ -488,6 +490,9 @@ func (c *Consumer) registerOnce(ctx context.Context) (binding, error) {
 	var b binding
 	var err error
 	if b.installation, err = c.inst.Identify(ctx); err != nil {
+		return b, err
+	}
+	if err = c.refuseRename(ctx); err != nil {
 		return b, err
 	}
 	if c.cfg.Start == StartNew {

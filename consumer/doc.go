@@ -15,7 +15,9 @@
 // consumer of another installation with the same Name is refused
 // (ErrForeignDurable), and so is one whose database is behind the durable's epoch,
 // a copy of the database that another copy has bound since (ErrForkedDatabase).
-// Config.Start says where a consumer new to the installation starts reading.
+// Config.Start says where a consumer new to the installation starts reading; by
+// default a new name that looks like a rename of a registered consumer is refused
+// (ErrLikelyRenamed): rename the old one (Rename) so the new name keeps its inbox.
 //
 // # In-transaction handlers
 //

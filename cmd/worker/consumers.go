@@ -35,8 +35,9 @@ name's durable JetStream consumer is deleted.
 Stop every worker that runs OLD first (a consumer seen in the last five minutes
 is refused unless --force), then deploy NEW: its durable consumer is created
 when it starts, reads what the stream holds, and its inbox folds the history.
-A new name deployed without this command runs every intent the stream still
-holds a second time.
+A new name deployed without this command, while OLD (same stream and filter,
+with settlements) is registered, is refused at start (consumer.ErrLikelyRenamed)
+instead of running every intent the stream still holds a second time.
 `
 
 // consumersRenameOptions are the flags and arguments of worker consumers rename.

@@ -78,6 +78,12 @@ const (
 	// every consumer of its subject (no Idem-Replay-For), up to the missing
 	// consumers' own key lifetimes, and counts an expired inbox row as settled.
 	RedriveToAll Point = "reconcile.redrive-to-all"
+	// RenameBackfills is a switch: armed, a consumer new to the installation
+	// with the stream and filter of a registered one that settled messages
+	// backfills by default instead of being refused as a likely rename
+	// (consumer.ErrLikelyRenamed): a rename done in configuration runs the
+	// history again under a name whose inbox is empty.
+	RenameBackfills Point = "consumer.rename-backfills"
 	// OldDeadLettersProve is a switch: armed, the reconciler counts any dead
 	// letter of a key as its settlement, the one a replay replays included.
 	OldDeadLettersProve Point = "reconcile.old-dead-letters-prove"
@@ -119,7 +125,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, IgnoreEpoch, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
+	KeyOnlyIdentity, AnyInstallation, IgnoreEpoch, RenameBackfills, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -199,7 +205,7 @@ func Parse(spec string) (*Set, error) {
 
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
-	KeyOnlyIdentity: true, AnyInstallation: true, IgnoreEpoch: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
+	KeyOnlyIdentity: true, AnyInstallation: true, IgnoreEpoch: true, RenameBackfills: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
 	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics

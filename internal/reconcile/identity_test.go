@@ -3,12 +3,14 @@ package reconcile_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
@@ -287,7 +289,7 @@ func TestWhereANewConsumerStarts(t *testing.T) {
 	}
 	b.passUntil(t, "both rows proven without fresh on k-old", func(r reconcile.Report) bool { return r.Completed == 2 })
 
-	b.consumer(t, "late", testenv.Subject) // the default: backfill
+	b.consumer(t, "late", testenv.Subject, func(c *consumer.Config) { c.Start = consumer.StartBackfill })
 	testenv.Eventually(t, 10*time.Second, "late backfills", func() bool { return b.env.Effects(t, "k-old") == 2 && b.env.Effects(t, "k-new") == 3 })
 
 	// Stopped and started again, a StartNew consumer keeps where it started.
@@ -303,9 +305,8 @@ func TestWhereANewConsumerStarts(t *testing.T) {
 }
 
 // Renaming a consumer keeps its inbox: the new name re-reads the stream and folds
-// every intent the old one settled. Without Rename, a new name runs them all again.
-// A new name with the stream and filter of one not seen lately is flagged as a
-// likely rename.
+// every intent the old one settled. A new name that backfills explicitly runs them
+// all again.
 func TestRenameKeepsTheInbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
@@ -319,14 +320,6 @@ func TestRenameKeepsTheInbox(t *testing.T) {
 		t.Fatalf("rename of a consumer seen a moment ago = %v; want ErrStillRunning", err)
 	}
 	b.env.DB.Count(t, `WITH u AS (UPDATE idem_consumers SET last_seen_at = now() - interval '1 hour' RETURNING 1) SELECT count(*) FROM u`)
-	reg, err := registry.Register(ctx, b.env.DB.Pool, "", registry.Consumer{Name: "probe", Stream: testenv.Stream, FilterSubject: testenv.Subject, KeyLifetime: time.Hour}, false)
-	if err != nil || !reg.New || len(reg.LikelyRenamedFrom) != 1 || reg.LikelyRenamedFrom[0] != "charges" {
-		t.Fatalf("a new name beside a vanished one: %+v, %v; want charges named as a likely rename", reg, err)
-	}
-	if _, err := registry.Forget(ctx, b.env.DB.Pool, "", "probe"); err != nil {
-		t.Fatal(err)
-	}
-
 	if err := registry.Rename(ctx, b.env.DB.Pool, "", "charges", "ledger", false); err != nil {
 		t.Fatal(err)
 	}
@@ -337,8 +330,9 @@ func TestRenameKeepsTheInbox(t *testing.T) {
 	}
 	b.passUntil(t, "proven under the new name", func(r reconcile.Report) bool { return r.Completed == 3 })
 
-	// The old behaviour, for contrast: a new name without Rename.
-	b.consumer(t, "other", testenv.Subject)
+	// A new name told to backfill beside ledger: another consumer of the same
+	// messages, which runs them all.
+	b.consumer(t, "other", testenv.Subject, func(c *consumer.Config) { c.Start = consumer.StartBackfill })
 	testenv.Eventually(t, 10*time.Second, "other reads the history", func() bool { return b.env.AllEffects(t) == 6 })
 	if regs, _ := registry.Registered(ctx, b.env.DB.Pool, ""); len(regs) != 2 {
 		t.Errorf("registered after the rename = %v; want ledger and other", regs)
@@ -393,5 +387,125 @@ func TestACopysReconcilerIgnoresTheOriginalsAcks(t *testing.T) {
 	}
 	if rep.Redriven != 0 || rep.Lagging != 1 {
 		t.Fatalf("the copy's reconciler: %+v; want lagging, not re-driven on the original's acks", rep)
+	}
+}
+
+// startOrRefusal runs a consumer of testenv.Subject named name until Run returns
+// (a refused start) or it has read what the stream holds, and returns Run's error.
+func (b *bundle) startOrRefusal(t *testing.T, name string, edit ...func(*consumer.Config)) error {
+	t.Helper()
+	cfg := testenv.ConsumerConfig(name)
+	for _, e := range edit {
+		e(&cfg)
+	}
+	c, err := consumer.New(b.inst, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var runErr error
+	returned := false
+	testenv.Eventually(t, 20*time.Second, name+" refused, or caught up with the stream", func() bool {
+		select {
+		case runErr = <-done:
+			returned = true
+			return true
+		default:
+			return b.env.Drained(t, name)()
+		}
+	})
+	if !returned {
+		cancel()
+		runErr = <-done
+	}
+	return runErr
+}
+
+// The rename done in configuration: charges settles k-1…k-5 and stops; ledger,
+// with the same stream and filter, starts at once. Backfilling would run the five
+// effects again under a name whose inbox is empty; it is refused instead, naming
+// charges and what to do, and runs nothing. After Rename it folds the history.
+func TestARenameInConfigurationIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	stop := b.consumer(t, "charges", testenv.Subject)
+	b.publish(t, testenv.Subject, "k-1", "k-2", "k-3", "k-4", "k-5")
+	testenv.Eventually(t, 10*time.Second, "charges settles", func() bool { return b.env.AllEffects(t) == 5 })
+	testenv.Eventually(t, 10*time.Second, "charges acked", b.env.Drained(t, "charges"))
+	stop()
+
+	err := b.startOrRefusal(t, "ledger")
+	if got := b.env.AllEffects(t); !errors.Is(err, consumer.ErrLikelyRenamed) || got != 5 {
+		t.Fatalf("ledger deployed in place of charges: Run = %v, effects after the renamed deploy = %d; want ErrLikelyRenamed and 5", err, got)
+	}
+	for _, want := range []string{"charges", "worker consumers rename charges ledger", "consumer.Rename", "Start", "forget"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_consumers WHERE name = 'ledger'`); n != 0 {
+		t.Errorf("a refused consumer is registered (%d rows): its restart would not be refused", n)
+	}
+	if _, err := b.env.JS.Consumer(context.Background(), testenv.Stream, "ledger"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("a refused consumer's durable: %v; want none", err)
+	}
+
+	if err := consumer.Rename(context.Background(), b.inst, "charges", "ledger", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.startOrRefusal(t, "ledger"); err != nil {
+		t.Fatalf("ledger after Rename: %v", err)
+	}
+	if got := b.env.AllEffects(t); got != 5 {
+		t.Fatalf("effects after Rename = %d, want 5: the renamed inbox folds the history", got)
+	}
+	if err := b.startOrRefusal(t, "ledger"); err != nil {
+		t.Fatalf("ledger restarted: %v; a restart of a registered name is never refused", err)
+	}
+}
+
+// What a likely rename does not refuse: new consumers of the same messages while
+// none has settled anything (a first deploy of two consumers), a name whose
+// durable consumer exists (a restart), and a new name once the old one is
+// forgotten. Once they have settled, the next new name is refused.
+func TestALikelyRenameRefusesOnlyANewNameBesideSettlements(t *testing.T) {
+	t.Parallel()
+	b := setup(t, options{})
+	b.consumer(t, "a", testenv.Subject)
+	b.consumer(t, "b", testenv.Subject)
+	b.publish(t, testenv.Subject, "k-1")
+	testenv.Eventually(t, 10*time.Second, "a and b settle", func() bool { return b.env.Effects(t, "k-1") == 2 })
+
+	err := b.startOrRefusal(t, "c")
+	var refusal *consumer.LikelyRenamedError
+	if !errors.As(err, &refusal) || !slices.Equal(refusal.From, []string{"a", "b"}) || !strings.Contains(err.Error(), "worker consumers rename OLD c") {
+		t.Fatalf("c beside a and b = %v; want a LikelyRenamedError from a and b", err)
+	}
+
+	// A durable consumer of the name exists (its registration was forgotten
+	// while it ran): a restart.
+	cfg := testenv.ConsumerConfig("d")
+	if _, err := b.env.JS.CreateConsumer(context.Background(), testenv.Stream, jetstream.ConsumerConfig{Durable: "d", FilterSubject: cfg.Subject, AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.startOrRefusal(t, "d"); err != nil {
+		t.Fatalf("d with its durable consumer: %v; want it started", err)
+	}
+
+	// The old names forgotten (retired), a new name backfills.
+	ctx := context.Background()
+	for _, name := range []string{"a", "b", "d"} {
+		if _, err := consumer.Forget(ctx, b.inst, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.startOrRefusal(t, "c"); err != nil {
+		t.Fatalf("c after forget: %v; want it started", err)
+	}
+	if got := b.env.Effects(t, "k-1"); got != 4 {
+		t.Fatalf("effects of k-1 = %d, want 4: a, b, d, and c's backfill", got)
 	}
 }

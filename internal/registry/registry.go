@@ -131,16 +131,30 @@ type Registration struct {
 	Consumer
 	// New says this was the name's first registration in the installation.
 	New bool
-	// LikelyRenamedFrom, for a new name, lists registered consumers of the same
-	// stream and filter that have not been seen for a while: a rename, most likely,
-	// which without Rename leaves the old name's inbox behind and the old name
-	// waited for. Empty otherwise.
-	LikelyRenamedFrom []string
 }
 
-// vanishedAfter is how long a registered consumer must have been silent to be
-// taken for one that was renamed (a running one refreshes itself every minute).
-const vanishedAfter = 5 * time.Minute
+// LikelyRenamedFrom lists, while c's name is not registered, the registered
+// consumers of c's stream and filter whose inbox remembers a settlement: if c is
+// one of them renamed, a c that backfills runs every intent they settled (and the
+// stream still holds) again, under a name whose inbox is empty. How long they have
+// been silent does not matter: a deploy that renames stops the old name seconds
+// before it starts the new one. Empty for a registered name (a restart) and for a
+// new name whose siblings have settled nothing yet (nothing to run twice).
+func LikelyRenamedFrom(ctx context.Context, db Querier, schema string, c Consumer) ([]string, error) {
+	rs, err := db.Query(ctx, store.New(schema).Consumers.LikelyRenamed, c.Stream, c.FilterSubject, c.Name)
+	if err != nil {
+		return nil, fmt.Errorf("registry: likely renamed %s: %w", c.Name, err)
+	}
+	names, err := pgx.CollectRows(rs, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("registry: likely renamed %s: %w", c.Name, err)
+	}
+	return names, nil
+}
+
+// stillRunningWithin: a consumer seen this recently is taken for one still
+// running (a running one refreshes itself every minute), which Rename refuses.
+const stillRunningWithin = 5 * time.Minute
 
 // Register records c in the registry (or updates its entry): from now on every
 // intent published on a subject c reads waits for c's settlement. When c is new to
@@ -165,15 +179,6 @@ func Register(ctx context.Context, db Querier, schema string, c Consumer, startN
 		Scan(&r.New, &r.RegisteredAt, &r.LastSeen, &r.StartsAt)
 	if err != nil {
 		return Registration{}, fmt.Errorf("registry: register %s: %w", c.Name, err)
-	}
-	if r.New {
-		rs, err := db.Query(ctx, store.New(schema).Consumers.Vanished, c.Stream, c.FilterSubject, c.Name, vanishedAfter)
-		if err == nil {
-			r.LikelyRenamedFrom, err = pgx.CollectRows(rs, pgx.RowTo[string])
-		}
-		if err != nil {
-			return r, fmt.Errorf("registry: register %s: %w", c.Name, err)
-		}
 	}
 	return r, nil
 }
@@ -246,7 +251,7 @@ func Rename(ctx context.Context, db Beginner, schema, from, to string, force boo
 		if err != nil {
 			return fmt.Errorf("registry: rename %s: %w", from, err)
 		}
-		if ago := seconds(seenAgo); ago < vanishedAfter && !force {
+		if ago := seconds(seenAgo); ago < stillRunningWithin && !force {
 			return fmt.Errorf("%w: %s was seen %s ago; stop every worker that runs it, then rename it", ErrStillRunning, from, ago.Round(time.Second))
 		}
 		for _, sql := range []string{q.RenameConsumer, q.RenameInbox, q.RenameAttempts, q.RenameDeadLetters} {

@@ -31,11 +31,15 @@ SET stream = EXCLUDED.stream, filter_subject = EXCLUDED.filter_subject,
     key_lifetime_since = CASE WHEN c.key_lifetime = EXCLUDED.key_lifetime THEN c.key_lifetime_since ELSE now() END
 RETURNING xmax = 0, registered_at, last_seen_at, starts_at`
 
-	// Other consumers of the same stream and filter, silent for $4.
-	sqlConsumersVanished = `
-SELECT name FROM idem_consumers
-WHERE stream = $1 AND filter_subject = $2 AND name <> $3 AND last_seen_at < now() - $4::interval
-ORDER BY name`
+	// While $3 is not registered, the other registered consumers of stream $1
+	// and filter $2 whose inbox remembers a settlement: what a new name $3 would
+	// run again if it backfilled.
+	sqlConsumersLikelyRenamed = `
+SELECT o.name FROM idem_consumers o
+WHERE o.stream = $1 AND o.filter_subject = $2 AND o.name <> $3
+  AND NOT EXISTS (SELECT 1 FROM idem_consumers s WHERE s.name = $3)
+  AND EXISTS (SELECT 1 FROM idem_inbox i WHERE i.consumer = o.name)
+ORDER BY o.name`
 
 	// A rename, in one transaction: the registry entry (locked first), then every
 	// row that names the consumer.
@@ -74,7 +78,7 @@ WHERE $1 = '' OR stream = $1`
 
 // Consumers is the SQL of idem_consumers, qualified for one schema.
 type Consumers struct {
-	Registered, Forget, Register, Vanished, RenameLock, RenameConsumer, RenameInbox, RenameAttempts, RenameDeadLetters, Seen, Readers, MaxLifetime string
+	Registered, Forget, Register, LikelyRenamed, RenameLock, RenameConsumer, RenameInbox, RenameAttempts, RenameDeadLetters, Seen, Readers, MaxLifetime string
 }
 
 func newConsumers(q func(string) string) Consumers {
@@ -82,7 +86,7 @@ func newConsumers(q func(string) string) Consumers {
 		Registered:        q(sqlConsumersRegistered),
 		Forget:            q(sqlConsumersForget),
 		Register:          q(sqlConsumersRegister),
-		Vanished:          q(sqlConsumersVanished),
+		LikelyRenamed:     q(sqlConsumersLikelyRenamed),
 		RenameLock:        q(sqlConsumersRenameLock),
 		RenameConsumer:    q(sqlConsumersRenameConsumer),
 		RenameInbox:       q(sqlConsumersRenameInbox),

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
@@ -200,20 +201,23 @@ func twoInstallations(t *testing.T, negative bool) (idFigures, []string) {
 }
 
 // A consumer renamed on a stream that holds history keeps its inbox
-// (consumer.Rename): the new name re-reads the history and folds all of it. A
-// consumer added with the default start (backfill) reads the history once; one
-// added with StartNew reads only what is published after it registered.
+// (consumer.Rename): the new name re-reads the history and folds all of it.
+// Deployed first without Rename, the new name is refused (ErrLikelyRenamed) and
+// runs nothing. A consumer added with the default start (backfill) reads the
+// history once; one added with StartNew reads only what is published after it
+// registered.
 func TestChaosRename(t *testing.T) {
 	t.Parallel()
-	f, reread := rename(t, false)
+	f, wrong := rename(t, false)
 	reportPositive(t, f)
-	if reread != "" {
-		t.Errorf("chaos: %s: the renamed consumer did not re-read the history, so its kept inbox proves nothing", reread)
+	for _, w := range wrong {
+		t.Errorf("chaos: %s", w)
 	}
 }
 
-// The negative control: the new name deployed without Rename runs the history
-// again as fresh keys: doubled > 0.
+// The negative control (consumer.rename-backfills in every worker): the new name
+// deployed without Rename backfills instead of being refused, and runs the
+// history again as fresh keys: doubled > 0.
 func TestChaosRenameNegativeControl(t *testing.T) {
 	t.Parallel()
 	f, _ := rename(t, true)
@@ -225,10 +229,11 @@ func TestChaosRenameNegativeControl(t *testing.T) {
 	}
 }
 
-// rename returns the figures and, when the new name's durable did not read the
-// whole history, why.
-func rename(t *testing.T, negative bool) (idFigures, string) {
-	w := newIDWorld(t, "rename", 1, negative, "")
+// rename returns the figures and, in the case, what was wrong: the new name
+// deployed without Rename was not refused, or its durable did not read the whole
+// history after Rename.
+func rename(t *testing.T, negative bool) (idFigures, []string) {
+	w := newIDWorld(t, "rename", 1, negative, faults.RenameBackfills)
 	db := w.dbs[0]
 	const msg = "id.pay.charge"
 	r1 := w.slot("r1", db, faults.RelayAfterPublish, "--roles", "relay")
@@ -245,13 +250,17 @@ func rename(t *testing.T, negative bool) (idFigures, string) {
 	before.add("charges", true, hist, msg)
 	w.waitSettled(before)
 
-	// The rename: every worker of the old name stops; its inbox moves to the new
-	// name (not in the negative control); the old durable is deleted.
+	// The rename: every worker of the old name stops. The new name deployed
+	// without Rename is refused (it backfills in the negative control); then the
+	// inbox moves to the new name (not in the negative control) and the old
+	// durable is deleted.
 	c1.hold()
 	c2.hold()
+	var wrong []string
 	if negative {
 		w.logf("deploying ledger without registry.Rename")
 	} else {
+		wrong = append(wrong, w.refusedRename(db, msg)...)
 		if err := registry.Rename(w.ctx, db.Pool, "", "charges", "ledger", true); err != nil {
 			t.Fatal(err)
 		}
@@ -286,19 +295,55 @@ func rename(t *testing.T, negative bool) (idFigures, string) {
 	}
 	// The new name's durable starts at the stream's beginning and has acked past
 	// the whole history: it read every intent its kept inbox must fold.
-	reread := ""
 	histSeqs := w.seqsOf(`key = ANY($1)`, hist)
 	if jc, err := w.js.Consumer(w.ctx, idStream, "ledger"); err != nil {
-		reread = err.Error()
+		wrong = append(wrong, err.Error())
 	} else if info, err := jc.Info(w.ctx); err != nil {
-		reread = err.Error()
+		wrong = append(wrong, err.Error())
 	} else if info.Config.DeliverPolicy != jetstream.DeliverAllPolicy || info.AckFloor.Stream < histSeqs[len(histSeqs)-1] {
-		reread = fmt.Sprintf("durable ledger delivers %s and acked up to %d; the history ends at %d", info.Config.DeliverPolicy, info.AckFloor.Stream, histSeqs[len(histSeqs)-1])
+		wrong = append(wrong, fmt.Sprintf("durable ledger delivers %s and acked up to %d; the history ends at %d: the renamed consumer did not re-read the history, so its kept inbox proves nothing",
+			info.Config.DeliverPolicy, info.AckFloor.Stream, histSeqs[len(histSeqs)-1]))
 	}
 	f := w.check(e, len(hist)+len(after), func(f *idFigures) {
 		f.extra = fmt.Sprintf("history=%d after=%d ledger_folded=%d %s", len(hist), len(after), f.events["ledger duplicate"], w.proofLine())
 	})
-	return f, reread
+	return f, wrong
+}
+
+// refusedRename deploys ledger, with charges's filter, before charges is renamed:
+// its worker must exit 1 with ErrLikelyRenamed naming charges and the command to
+// run, leaving ledger unregistered and without a durable.
+func (w *idWorld) refusedRename(db *chaosDB, msg string) []string {
+	w.t.Helper()
+	l0 := w.slot("ledger0", db, "", consumersArgs("ledger="+msg)...)
+	l0.oneShot = true
+	l0.run()
+	if err := w.waitFor(time.Minute, "ledger, deployed without Rename, to exit", func() (bool, string, error) {
+		_, exited := l0.up()
+		return exited, "still running", nil
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+	refusal := w.procs.firstLine("idworker-ledger0", "likely renamed")
+	w.logf("ledger without Rename: %s", refusal)
+	l0.mu.Lock()
+	outcomes := l0.outcomes
+	l0.mu.Unlock()
+	var wrong []string
+	if len(outcomes) != 1 || outcomes[0] != "exit status 1" {
+		wrong = append(wrong, fmt.Sprintf("ledger deployed without Rename ended %v, want one exit with status 1", outcomes))
+	}
+	if !strings.Contains(refusal, "worker consumers rename charges ledger") {
+		wrong = append(wrong, fmt.Sprintf("ledger deployed without Rename was not refused as a rename of charges: %q", refusal))
+	}
+	if _, err := w.js.Consumer(w.ctx, idStream, "ledger"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		wrong = append(wrong, fmt.Sprintf("the refused ledger's durable: %v, want none", err))
+	}
+	var n int
+	if err := db.Pool.QueryRow(w.ctx, `SELECT count(*) FROM idem_consumers WHERE name = 'ledger'`).Scan(&n); err != nil || n != 0 {
+		wrong = append(wrong, fmt.Sprintf("the refused ledger is registered (%d, %v)", n, err))
+	}
+	return wrong
 }
 
 // A re-drive after a settled consumer's key expired. charges settles every intent;

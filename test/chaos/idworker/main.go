@@ -104,7 +104,7 @@ func run(args []string) error {
 	natsURL := fs.String("nats-url", "", "NATS URL (required)")
 	roles := fs.String("roles", "relay,consumers", "relay (with its reconciler) and/or consumers")
 	fs.Var(&consumers, "consumer", "NAME=FILTER: a consumer to run (repeatable)")
-	start := fs.String("start", "backfill", "where this process's consumers start when new to the installation: backfill or new")
+	start := fs.String("start", "", "where this process's consumers start when new to the installation: backfill or new (default: backfill, refusing a likely rename)")
 	keyLifetime := fs.Duration("key-lifetime", 0, "the consumers' inbox key lifetime (0: the default)")
 	maxAge := fs.Duration("max-age", 0, "the stream's MaxAge when this worker creates it (0: the default)")
 	ackWait := fs.Duration("ack-wait", 2*time.Second, "the consumers' AckWait")
@@ -169,7 +169,9 @@ func run(args []string) error {
 			cc := consumer.Config{Name: name, Subject: filter, Handler: effect(name),
 				KeyLifetime: *keyLifetime, AckWait: *ackWait, MaxDeliver: *maxDeliver, CheckInterval: time.Second}
 			switch *start {
+			case "":
 			case "backfill":
+				cc.Start = consumer.StartBackfill
 			case "new":
 				cc.Start = consumer.StartNew
 			default:
