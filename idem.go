@@ -117,8 +117,8 @@ func MessageOf(subject, name string) string {
 	return subject + " " + name
 }
 
-// ReplayFor splits a HeaderReplayFor value into consumer names.
-func ReplayFor(value string) []string {
+// replayFor splits a HeaderReplayFor value into consumer names.
+func replayFor(value string) []string {
 	if value == "" {
 		return nil
 	}
@@ -131,7 +131,7 @@ func IsReplayFor(value, consumer string) bool {
 	if value == "" {
 		return true
 	}
-	for _, name := range ReplayFor(value) {
+	for _, name := range replayFor(value) {
 		if name == consumer {
 			return true
 		}

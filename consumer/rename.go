@@ -13,13 +13,13 @@ import (
 
 // ErrLikelyRenamed is matched by the error Run returns for a consumer that looks
 // like a rename (see Config.Start): a new name with the stream and filter of a
-// registered consumer that has settled messages. The error is a
-// *LikelyRenamedError.
+// registered consumer that has settled messages; its message names them and the
+// ways out.
 var ErrLikelyRenamed = errors.New("consumer: likely renamed")
 
-// LikelyRenamedError refuses a consumer that looks like a rename; it matches
+// likelyRenamedError refuses a consumer that looks like a rename; it matches
 // ErrLikelyRenamed.
-type LikelyRenamedError struct {
+type likelyRenamedError struct {
 	// Name is the refused consumer's; From the registered consumers of its stream
 	// and filter it looks renamed from.
 	Name string
@@ -27,7 +27,7 @@ type LikelyRenamedError struct {
 }
 
 // Error names the old consumers and the ways out.
-func (e *LikelyRenamedError) Error() string {
+func (e *likelyRenamedError) Error() string {
 	old := strings.Join(e.From, ", ")
 	one := "OLD"
 	if len(e.From) == 1 {
@@ -42,9 +42,9 @@ func (e *LikelyRenamedError) Error() string {
 }
 
 // Is makes the error match ErrLikelyRenamed.
-func (e *LikelyRenamedError) Is(target error) bool { return target == ErrLikelyRenamed }
+func (e *likelyRenamedError) Is(target error) bool { return target == ErrLikelyRenamed }
 
-// refuseRename returns a *LikelyRenamedError for a consumer with the default Start
+// refuseRename returns a *likelyRenamedError for a consumer with the default Start
 // that looks like a rename. A name with a durable consumer or a registration is a
 // restart, and never refused.
 func (c *Consumer) refuseRename(ctx context.Context) error {
@@ -65,5 +65,5 @@ func (c *Consumer) refuseRename(ctx context.Context) error {
 	case !errors.Is(err, jetstream.ErrConsumerNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("consumer %s: look up its durable consumer: %w", c.cfg.Name, err)
 	}
-	return &LikelyRenamedError{Name: c.cfg.Name, From: from}
+	return &likelyRenamedError{Name: c.cfg.Name, From: from}
 }
