@@ -71,8 +71,8 @@ func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
 	for i := range 20 {
 		b.env.Publish(t, testenv.Subject, fmt.Sprintf("k-outage-%02d", i), "", payload(i))
 	}
-	// Five AckWaits with the database gone: the old consumer had naked each
-	// message every Backoff(1) and dead-lettered them all past MaxDeliver.
+	// Five AckWaits with the database gone: a consumer that naked each message
+	// every Backoff(1) would dead-letter them all past MaxDeliver.
 	time.Sleep(5 * time.Second) // the outage itself: what is being waited out, not a condition
 	proxy.Restore()
 	drained := b.env.Drained(t, effectName)

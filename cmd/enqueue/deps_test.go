@@ -7,8 +7,8 @@ import (
 )
 
 // The client CLI links no database driver: the client side of idem is package
-// client, and the Postgres half of the old producer package must not creep back in
-// through an import.
+// client, and nothing of the server side (producer, outbox) may reach it through
+// an import.
 func TestNoDatabaseDriver(t *testing.T) {
 	out, err := exec.CommandContext(t.Context(), "go", "list", "-deps", "github.com/idemkit/idem/cmd/enqueue").Output()
 	if err != nil {

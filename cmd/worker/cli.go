@@ -417,8 +417,8 @@ func (fs *flagSet) valueVar(v flag.Value, name, envVar, usage string) {
 	fs.fallback(name, envVar, v.Set)
 }
 
-// Two readings of a switch's environment variable (when set), each kept as it
-// was before every command had flags of its own.
+// Two readings of a switch's environment variable (when set): each variable
+// keeps the reading its users rely on.
 
 // notOff: 0 and false are off, any other value on.
 func notOff(v string) bool { return v != "0" && v != "false" }

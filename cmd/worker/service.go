@@ -221,7 +221,7 @@ func newServiceConfig(o *serviceOptions) (serviceConfig, error) {
 
 // emailConfig is the email consumer's configuration from the flags: the SMTP
 // server from --smtp-url, or from the deprecated --smtp-addr (which means
-// smtp+insecure://ADDR: plaintext, no AUTH, as before --smtp-url existed).
+// smtp+insecure://ADDR: plaintext, no AUTH).
 // Without either the worker runs no email consumer.
 func emailConfig(o *serviceOptions, warnings *[]warning) (refapp.EmailConfig, error) {
 	cfg := refapp.EmailConfig{URL: o.smtpURL, From: o.smtpFrom}

@@ -239,7 +239,7 @@ func TestRelayChargesNothingWhileTheBrokerIsDown(t *testing.T) {
 
 // Every publish has its own deadline. A subject that a core subscriber takes
 // but no stream stores never gets a PubAck; both rows fail within PublishTimeout
-// (the old single timer fired once and the second wait hung forever).
+// (one timer for the whole batch would fire once and leave the second wait hanging).
 func TestRelayPublishHasADeadline(t *testing.T) {
 	t.Parallel()
 	b := newSmallBroker(t)
