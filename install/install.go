@@ -1,13 +1,3 @@
-// Package install is what an installation of idem shares: the Postgres pool and
-// schema that hold its tables, the JetStream connection and stream it publishes to
-// and consumes from, its identity, and its logger, tracer and observer. Every
-// component takes one Installation (worker.New, and through it the ingress, the
-// relay, the consumers, the reconciler and the collector), so none of them has a
-// Schema, a Stream or a Logger of its own to disagree about.
-//
-// An installation is a database, a schema in it and a stream. Two services on one
-// database keep their tables apart with two schemas; two installations never share
-// a durable consumer (consumer.ErrForeignDurable).
 package install
 
 import (
