@@ -54,6 +54,9 @@ type Consumer struct {
 	// faults.IgnoreEpoch), renameBackfills that of a likely rename
 	// (faults.RenameBackfills), read at Run.
 	keyOnly, anyInstallation, ignoreEpoch, renameBackfills bool
+	// recordOnWork is the negative control of the hard stop
+	// (faults.RecordOnWorkContext), read at Run.
+	recordOnWork bool
 }
 
 // idOf names d in the inbox: its key and its message (idem.MessageOf).
@@ -131,6 +134,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	fs := faults.From(ctx)
 	c.keyOnly, c.anyInstallation, c.ignoreEpoch = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation), fs.On(faults.IgnoreEpoch)
 	c.renameBackfills = fs.On(faults.RenameBackfills)
+	c.recordOnWork = fs.On(faults.RecordOnWorkContext)
 	// Stopped while starting (registering, creating the durable consumer): a
 	// stop, not a failure.
 	b, err := c.register(ctx)

@@ -223,14 +223,20 @@ func (c *Consumer) complete(ctx context.Context, d *Delivery, h dedupe.Holder, r
 	rctx := context.WithoutCancel(ctx)
 	lost := false
 	stopBeat := c.heartbeat(rctx, []*Delivery{d})
-	err := c.untilRecorded(ctx, d, leaseEnd, func(octx context.Context) error {
+	record := func(octx context.Context) error {
 		err := c.inbox.CompleteLease(octx, c.pool, h, result)
 		if errors.Is(err, dedupe.ErrLeaseLost) {
 			lost = true
 			return nil
 		}
 		return err
-	})
+	}
+	var err error
+	if c.recordOnWork {
+		err = record(ctx) // the negative control: on the work context a hard stop cancels
+	} else {
+		err = c.untilRecorded(ctx, d, leaseEnd, record)
+	}
 	stopBeat()
 	switch {
 	case err == nil && !lost:

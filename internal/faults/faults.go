@@ -92,6 +92,12 @@ const (
 	// under a shorter lifetime it has since raised were still remembered.
 	RegisteredLifetime Point = "reconcile.registered-lifetime"
 
+	// RecordOnWorkContext is a switch: armed, an external effect's record (the
+	// lease's completion) runs on the work context, which a hard stop cancels: an
+	// effect that succeeded after the stop began is not recorded, and a successor
+	// performs it again once the lease expires.
+	RecordOnWorkContext Point = "consumer.record-on-work-context"
+
 	// The switches below are the negative controls of the log relay: each brings
 	// back one way it would lose a row it was given.
 
@@ -125,7 +131,7 @@ const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
 var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
-	KeyOnlyIdentity, AnyInstallation, IgnoreEpoch, RenameBackfills, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection}
+	KeyOnlyIdentity, AnyInstallation, IgnoreEpoch, RenameBackfills, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection, RecordOnWorkContext}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil
 // error abandons that work where it stands, as if the process had died there.
@@ -206,7 +212,7 @@ func Parse(spec string) (*Set, error) {
 // switches are the points armed with "on" rather than a crash.
 var switches = map[Point]bool{SkipInboxClaim: true, MarkedMessages: true,
 	KeyOnlyIdentity: true, AnyInstallation: true, IgnoreEpoch: true, RenameBackfills: true, RedriveToAll: true, OldDeadLettersProve: true, RegisteredLifetime: true,
-	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true}
+	ConfirmOnRead: true, SkipSlotHandOver: true, TemporarySlot: true, IgnoreClosedConnection: true, RecordOnWorkContext: true}
 
 // Marked acts on a message's MarkHeader value when MarkedMessages is on: it panics
 // for "panic" and kills the process for "kill". Call it where the handler runs.

@@ -114,6 +114,9 @@ func run(args []string) error {
 	maxReconnects := fs.Int("nats-max-reconnects", -1, "the NATS connection's reconnect attempts before it closes for good (-1: without limit)")
 	reconnectWait := fs.Duration("nats-reconnect-wait", 100*time.Millisecond, "the pause between the NATS connection's reconnect attempts")
 	relayMode := fs.String("relay", "", "the relay: log, poll, or empty for log where it can run")
+	external := fs.Duration("external", 0, "run the consumers' effects as external effects that take this long and finish even when cancelled (0: in the inbox transaction)")
+	leaseFor := fs.Duration("lease-for", 0, "an external effect's lease (0: the default)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", 5*time.Second, "how long Stop lets the work in flight finish before it cancels it (the hard stop)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -168,6 +171,9 @@ func run(args []string) error {
 			}
 			cc := consumer.Config{Name: name, Subject: filter, Handler: effect(name),
 				KeyLifetime: *keyLifetime, AckWait: *ackWait, MaxDeliver: *maxDeliver, CheckInterval: time.Second}
+			if *external > 0 {
+				cc.Handler, cc.External, cc.LeaseFor = nil, externalEffect(name, pool, *external, log), *leaseFor
+			}
 			switch *start {
 			case "":
 			case "backfill":
@@ -196,9 +202,27 @@ func run(args []string) error {
 	case <-ctx.Done():
 	case <-w.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), *shutdownTimeout)
 	defer cancel()
 	return w.Stop(sctx)
+}
+
+// externalEffect is an external consumer's handler: an effect in another system
+// (here a row of chaos_effects written outside the inbox, on a connection of its
+// own) that takes took and, like an SMTP DATA already sent, completes even when
+// its context is cancelled on the way.
+func externalEffect(name string, pool *pgxpool.Pool, took time.Duration, log *slog.Logger) consumer.ExternalHandler {
+	return consumer.ExternalHandlerFunc(func(ctx context.Context, e *consumer.Effect) ([]byte, error) {
+		log.Info("idworker: external effect started", "consumer", name, "key", e.Key)
+		time.Sleep(took)
+		_, err := pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_effects (consumer, key, message, payload) VALUES ($1, $2, $3, $4)`,
+			name, e.Key, idem.MessageOf(e.Subject, e.Name), e.Payload)
+		if err != nil {
+			return nil, err
+		}
+		log.Info("idworker: external effect performed", "consumer", name, "key", e.Key, "cancelled", ctx.Err() != nil)
+		return []byte(`{"performed":true}`), nil
+	})
 }
 
 // effect is the consumer's handler: one row of chaos_effects per delivery it runs,
