@@ -272,7 +272,7 @@ func (c *Consumer) bind(ctx context.Context, b binding) (jetstream.Consumer, err
 		jc, err := c.js.Consumer(ctx, c.stream, c.cfg.Name)
 		switch {
 		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			st, err := c.bump(ctx, 0)
+			st, err := c.bump(ctx, installation.Recorded{})
 			if err != nil {
 				return nil, err
 			}
@@ -314,10 +314,10 @@ func (c *Consumer) claim(ctx context.Context, b binding, rec installation.Record
 	if err != nil {
 		return own, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 	}
-	atLeast := rec.Epoch
+	since := rec // the binding this one must not be behind
 	switch {
 	case c.anyInstallation:
-		atLeast = 0
+		since = installation.Recorded{}
 	case rec.Token == own.Token:
 	case rec.Token != "":
 		return own, c.foreign(b, own, rec)
@@ -331,16 +331,16 @@ func (c *Consumer) claim(ctx context.Context, b binding, rec installation.Record
 	default:
 		return own, c.foreign(b, own, rec)
 	}
-	if c.ignoreEpoch {
-		atLeast = 0
+	if c.ignoreEpoch || rec.Token != own.Token {
+		since = installation.Recorded{} // ignored, or bound before tokens
 	}
-	return c.bump(ctx, atLeast)
+	return c.bump(ctx, since)
 }
 
-// bump starts a binding: a new epoch, unless this database's is behind atLeast,
-// the durable's.
-func (c *Consumer) bump(ctx context.Context, atLeast int64) (installation.State, error) {
-	st, ok, err := installation.Bump(ctx, c.pool, c.inst.Schema(), atLeast)
+// bump starts a binding: a new epoch, unless another database bound the durable
+// that recorded since after this one did (installation.Ahead).
+func (c *Consumer) bump(ctx context.Context, since installation.Recorded) (installation.State, error) {
+	st, ok, err := installation.Bump(ctx, c.pool, c.inst.Schema(), since)
 	if err != nil {
 		return st, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 	}
@@ -348,7 +348,7 @@ func (c *Consumer) bump(ctx context.Context, atLeast int64) (installation.State,
 		if st, err = installation.Load(ctx, c.pool, c.inst.Schema()); err != nil {
 			return st, fmt.Errorf("consumer %s: %w", c.cfg.Name, err)
 		}
-		return st, c.forked(st, atLeast)
+		return st, c.forked(st, since)
 	}
 	return st, nil
 }
@@ -371,14 +371,23 @@ func (c *Consumer) foreign(b binding, own installation.State, rec installation.R
 		ErrForeignDurable, c.cfg.Name, c.stream, theirs, rec.ID, own.Token, b.installation, move)
 }
 
-// forked is the refusal of a database whose epoch is behind its durable's.
-func (c *Consumer) forked(own installation.State, durable int64) error {
-	return fmt.Errorf("%w: durable consumer %s on stream %s was bound at epoch %d of installation %s, and this database is at epoch %d. "+
+// forked is the refusal of a database another database with its token bound the
+// durable after (installation.Ahead): an epoch ahead of this database's, or the
+// same epoch reached by another binding.
+func (c *Consumer) forked(own installation.State, durable installation.Recorded) error {
+	return fmt.Errorf("%w: durable consumer %s on stream %s was bound at epoch %d of installation %s (binding %s), and this database is at epoch %d (binding %s). "+
 		"Another database with this installation's token has bound it since: a physical copy of this one, or the one this database was copied from "+
 		"(a restored backup or snapshot, PITR, a clone, a promoted replica). Two databases on one durable split its messages and run their effects in both. "+
 		"If this database is a copy (staging, a restore test), point its workers at another NATS account or stream; "+
 		"if it is the one to keep, stop every worker of the other and run `worker installation adopt %s --epoch %d` here, then start again",
-		ErrForkedDatabase, c.cfg.Name, c.stream, durable, own.Token, own.Epoch, own.Token, durable)
+		ErrForkedDatabase, c.cfg.Name, c.stream, durable.Epoch, own.Token, orNone(durable.Binding), own.Epoch, orNone(own.Binding), own.Token, durable.Epoch)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 // checkRecorded warns when the broker did not keep the installation in the
@@ -632,18 +641,18 @@ func (f *fetcher) watch(ctx context.Context) error {
 }
 
 // checkFork returns ErrForkedDatabase when the durable that recorded rec was
-// bound since by a copy of this database: the same token, an epoch ahead of this
-// database's (read after the durable, so a binder of this database is never
-// ahead). Other states are the next binding's to judge.
+// bound since by a copy of this database: the same token, and ahead of this
+// database's row (installation.Ahead; the row is read after the durable, so a
+// binder of this database is never ahead). Other states are the next binding's to judge.
 func (c *Consumer) checkFork(ctx context.Context, rec installation.Recorded) error {
 	if c.ignoreEpoch || c.anyInstallation || rec.Token == "" {
 		return nil
 	}
 	own, err := installation.Load(ctx, c.pool, c.inst.Schema())
-	if err != nil || rec.Token != own.Token || rec.Epoch <= own.Epoch {
+	if err != nil || rec.Token != own.Token || !installation.Ahead(own, rec) {
 		return nil // a database unreachable now: the next check reads it again
 	}
-	return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.forked(own, rec.Epoch))
+	return fmt.Errorf("consumer %s: %w", c.cfg.Name, c.forked(own, rec))
 }
 
 // recreate creates (or finds) the durable consumer again and restarts the

@@ -114,7 +114,7 @@ func runRefused(t *testing.T, inst *install.Installation, name string) error {
 func copyOf(t *testing.T, env *testenv.Env, st installation.State) *install.Installation {
 	t.Helper()
 	db := pgtest.New(t)
-	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_installation SET token = $1::uuid, epoch = $2`, st.Token, st.Epoch); err != nil {
+	if _, err := db.Pool.Exec(context.Background(), `UPDATE idem_installation SET token = $1::uuid, epoch = $2, bound_by = NULLIF($3, '')::uuid`, st.Token, st.Epoch, st.Binding); err != nil {
 		t.Fatal(err)
 	}
 	inst, err := install.New(db.Pool, env.NC, install.Config{Stream: env.Inst.Stream()})
@@ -360,5 +360,61 @@ func TestARunningOriginalStopsWhenACopyBindsAfterIt(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("the running original kept running after its copy bound the durable")
+	}
+}
+
+// A copy and its original binding at once: each bumps its own database from the
+// epoch they share to the same next one, and the durable keeps whichever binding
+// was written last, here the copy's. The epochs agree; the bindings do not, and
+// the running original, whose database did not make the durable's binding, stops.
+func TestACopyAndItsOriginalBindingAtOnce(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	before := stateOf(t, env.DB.Pool)
+	cp := copyOf(t, env, before) // taken before the original's binding below
+	cfg := testenv.ConsumerConfig("race")
+	cfg.CheckInterval = 50 * time.Millisecond
+	c, err := consumer.New(env.Inst, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- c.Run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, "the original bound", func() bool {
+		jc, err := env.JS.Consumer(context.Background(), testenv.Stream, "race")
+		return err == nil && installation.FromMetadata(jc.CachedInfo().Config.Metadata).Epoch > before.Epoch
+	})
+
+	// The copy's binding, begun when the durable still recorded the shared epoch.
+	ctxb := context.Background()
+	stCopy, ok, err := installation.Bump(ctxb, cp.Pool(), "", installation.Recorded{Token: before.Token, Epoch: before.Epoch, Binding: before.Binding})
+	if err != nil || !ok {
+		t.Fatalf("the copy's bump: %v, %v", ok, err)
+	}
+	if orig := stateOf(t, env.DB.Pool); stCopy.Epoch != orig.Epoch {
+		t.Fatalf("the copy reached epoch %d, the original %d: the case needs them equal", stCopy.Epoch, orig.Epoch)
+	}
+	jc, err := env.JS.Consumer(ctxb, testenv.Stream, "race")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := jc.CachedInfo().Config
+	dc.Metadata = installation.Metadata(stCopy, dc.Metadata[installation.MetadataKey])
+	if _, err := env.JS.UpdateConsumer(ctxb, testenv.Stream, dc); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, consumer.ErrForkedDatabase) {
+			t.Fatalf("the running original: Run = %v, want ErrForkedDatabase", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the running original kept running beside a copy that bound the durable at the same epoch")
+	}
+	// And it stays refused: its database's last binding is not the durable's.
+	if err := runRefused(t, env.Inst, "race"); !errors.Is(err, consumer.ErrForkedDatabase) {
+		t.Fatalf("the original restarted: %v, want ErrForkedDatabase", err)
 	}
 }

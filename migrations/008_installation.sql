@@ -14,6 +14,7 @@ CREATE TABLE IF NOT EXISTS idem_installation (
     one        boolean     PRIMARY KEY DEFAULT true CHECK (one),
     token      uuid        NOT NULL,
     epoch      bigint      NOT NULL DEFAULT 0,
+    bound_by   uuid,                   -- names the last binding (idem.binding): a copy and its original binding at once reach one epoch, not one binding
     created_at timestamptz NOT NULL DEFAULT now(),
     adopted_at timestamptz             -- when the token was last set by adopt
 );

@@ -65,11 +65,12 @@ func runInstallationShow(o *installationShowOptions, stdout, _ io.Writer) error 
 func printInstallation(w io.Writer, st installation.State, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(struct {
-			Token string `json:"token"`
-			Epoch int64  `json:"epoch"`
-		}{st.Token, st.Epoch})
+			Token   string `json:"token"`
+			Epoch   int64  `json:"epoch"`
+			Binding string `json:"binding,omitempty"`
+		}{st.Token, st.Epoch, st.Binding})
 	}
-	_, err := fmt.Fprintf(w, "token %s\nepoch %d\n", st.Token, st.Epoch)
+	_, err := fmt.Fprintf(w, "token %s\nepoch %d\nbinding %s\n", st.Token, st.Epoch, orNone(st.Binding))
 	return err
 }
 
@@ -116,4 +117,12 @@ func runInstallationAdopt(o *installationAdoptOptions, stdout, _ io.Writer) erro
 	}
 	fmt.Fprintln(stdout, "adopted; this database's installation is now:")
 	return printInstallation(stdout, st, false)
+}
+
+// orNone prints an unnamed binding (none yet, or adopted since).
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }

@@ -29,6 +29,9 @@ const (
 	TokenKey = "idem.token"
 	// EpochKey is the epoch of the durable's last binding (State.Epoch).
 	EpochKey = "idem.epoch"
+	// BindingKey names the durable's last binding (State.Binding): two databases
+	// that bound at the same epoch (a copy and its original, at once) differ here.
+	BindingKey = "idem.binding"
 )
 
 // Row is what the functions here need of a pool, connection or transaction.
@@ -51,25 +54,29 @@ func Of(ctx context.Context, db Row, schema string) (string, error) {
 
 const sqlOf = `SELECT system_identifier::text, current_database()::text FROM pg_control_system()`
 
-// State is the installation's row: its token, and the epoch of its last binding.
+// State is the installation's row: its token, and the epoch and name of its last
+// binding. The name is random, made by each binding; it is "" before the first
+// and after an adoption.
 type State struct {
-	Token string
-	Epoch int64
+	Token   string
+	Epoch   int64
+	Binding string
 }
 
 // Load reads the installation's row.
 func Load(ctx context.Context, db Row, schema string) (State, error) {
 	var s State
-	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlLoad)).Scan(&s.Token, &s.Epoch)
+	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlLoad)).Scan(&s.Token, &s.Epoch, &s.Binding)
 	return s, wrap("load", err)
 }
 
-// Bump starts a binding: it adds one to the epoch and returns the row, unless the
-// epoch is behind atLeast (the epoch a durable recorded), when it changes nothing
-// and returns ok false. One statement, so that concurrent binders of one database
-// each get an epoch of their own, and none is ever behind what another wrote.
-func Bump(ctx context.Context, db Row, schema string, atLeast int64) (s State, ok bool, err error) {
-	err = db.QueryRow(ctx, pgschema.Qualify(schema, sqlBump), atLeast).Scan(&s.Token, &s.Epoch)
+// Bump starts a binding: it adds one to the epoch, names the binding and returns
+// the row, unless the durable that recorded r was bound since by another database
+// (Ahead), when it changes nothing and returns ok false. One statement, so that
+// concurrent binders of one database each get an epoch of their own, and none is
+// ever behind what another wrote. A durable not bound yet is the zero Recorded.
+func Bump(ctx context.Context, db Row, schema string, r Recorded) (s State, ok bool, err error) {
+	err = db.QueryRow(ctx, pgschema.Qualify(schema, sqlBump), r.Epoch, r.Binding).Scan(&s.Token, &s.Epoch, &s.Binding)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, false, nil
 	}
@@ -82,37 +89,47 @@ func Bump(ctx context.Context, db Row, schema string, atLeast int64) (s State, o
 // from a retired copy). It returns the new row.
 func Adopt(ctx context.Context, db Row, schema, token string, epoch int64) (State, error) {
 	var s State
-	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlAdopt), token, epoch).Scan(&s.Token, &s.Epoch)
+	err := db.QueryRow(ctx, pgschema.Qualify(schema, sqlAdopt), token, epoch).Scan(&s.Token, &s.Epoch, &s.Binding)
 	return s, wrap("adopt", err)
 }
 
 // Recorded is what a durable consumer's metadata says of its installation.
 type Recorded struct {
-	Token string // "" for a durable bound before tokens
-	Epoch int64
-	ID    string // the old-style name (Of), "" when absent
+	Token   string // "" for a durable bound before tokens
+	Epoch   int64
+	Binding string // "" for a durable bound before bindings were named
+	ID      string // the old-style name (Of), "" when absent
 }
 
 // FromMetadata reads a durable consumer's metadata. An epoch that does not parse
 // reads as 0: the durable then orders nothing, and the binding restamps it.
 func FromMetadata(md map[string]string) Recorded {
 	epoch, _ := strconv.ParseInt(md[EpochKey], 10, 64)
-	return Recorded{Token: md[TokenKey], Epoch: epoch, ID: md[MetadataKey]}
+	return Recorded{Token: md[TokenKey], Epoch: epoch, Binding: md[BindingKey], ID: md[MetadataKey]}
 }
 
 // Metadata is the metadata recording a binding: s, and the old-style id.
 func Metadata(s State, id string) map[string]string {
-	return map[string]string{TokenKey: s.Token, EpochKey: strconv.FormatInt(s.Epoch, 10), MetadataKey: id}
+	return map[string]string{TokenKey: s.Token, EpochKey: strconv.FormatInt(s.Epoch, 10), BindingKey: s.Binding, MetadataKey: id}
+}
+
+// Ahead reports whether the durable that recorded r (of s's token) was bound by
+// another database since this one, whose row is s, last bound it: r's epoch is
+// ahead of s's, or the same epoch was reached by another binding (a copy and its
+// original binding at once, each from the epoch they share). The binders of one
+// database share its row, so they are never ahead of each other.
+func Ahead(s State, r Recorded) bool {
+	return r.Epoch > s.Epoch || r.Epoch == s.Epoch && r.Binding != "" && s.Binding != "" && r.Binding != s.Binding
 }
 
 // Owns reports whether a durable that recorded r is this installation's, whose
-// row is s: the same token and an epoch not ahead of s's. A durable recorded
+// row is s: the same token, and not bound since by another database (Ahead). A durable recorded
 // before tokens is its own when it names id.
 func Owns(s State, id string, r Recorded) bool {
 	if r.Token == "" {
 		return r.ID == "" || r.ID == id
 	}
-	return r.Token == s.Token && r.Epoch <= s.Epoch
+	return r.Token == s.Token && !Ahead(s, r)
 }
 
 func wrap(what string, err error) error {
@@ -129,7 +146,15 @@ func wrap(what string, err error) error {
 }
 
 const (
-	sqlLoad  = `SELECT token::text, epoch FROM idem_installation`
-	sqlBump  = `UPDATE idem_installation SET epoch = epoch + 1 WHERE epoch >= $1 RETURNING token::text, epoch`
-	sqlAdopt = `UPDATE idem_installation SET token = $1::uuid, epoch = greatest(epoch, $2::bigint), adopted_at = now() RETURNING token::text, epoch`
+	sqlLoad = `SELECT token::text, epoch, COALESCE(bound_by::text, '') FROM idem_installation`
+	// Ahead, negated, in SQL: $1 and $2 are the durable's epoch and binding.
+	sqlBump = `
+UPDATE idem_installation SET epoch = epoch + 1, bound_by = gen_random_uuid()
+WHERE epoch > $1 OR epoch = $1 AND ($2 = '' OR bound_by IS NULL OR bound_by::text = $2)
+RETURNING token::text, epoch, bound_by::text`
+	// An adopted installation has not bound the durable yet: its next binding
+	// goes on from the durable's epoch.
+	sqlAdopt = `
+UPDATE idem_installation SET token = $1::uuid, epoch = greatest(epoch, $2::bigint), bound_by = NULL, adopted_at = now()
+RETURNING token::text, epoch, COALESCE(bound_by::text, '')`
 )

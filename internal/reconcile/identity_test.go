@@ -352,7 +352,7 @@ func TestACopysReconcilerIgnoresTheOriginalsAcks(t *testing.T) {
 	b.consumer(t, "shared", testenv.Subject) // the original binds: its epoch passes the copy's
 
 	cp := pgtest.New(t)
-	if _, err := cp.Pool.Exec(context.Background(), `UPDATE idem_installation SET token = $1::uuid, epoch = $2`, before.Token, before.Epoch); err != nil {
+	if _, err := cp.Pool.Exec(context.Background(), `UPDATE idem_installation SET token = $1::uuid, epoch = $2, bound_by = NULLIF($3, '')::uuid`, before.Token, before.Epoch, before.Binding); err != nil {
 		t.Fatal(err)
 	}
 	cpInst, err := install.New(cp.Pool, b.env.NC, install.Config{Stream: b.inst.Stream()})
