@@ -21,7 +21,6 @@ import (
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
-	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
 )
 
@@ -129,7 +128,23 @@ func (c *Consumer) JetStreamConfig() jetstream.ConsumerConfig {
 // that error. A consumer new to the installation that looks like a rename of a
 // registered one is refused with ErrLikelyRenamed, unregistered and without a
 // durable (see Config.Start).
+//
+// When ctx ends Run stops taking messages and finishes those in flight on a
+// context that outlives ctx: a consumer run this way has no hard stop. RunWork
+// gives it one.
 func (c *Consumer) Run(ctx context.Context) error {
+	return c.RunWork(ctx, context.WithoutCancel(ctx))
+}
+
+// RunWork is Run with the work context work, what the handlers run on: when ctx
+// ends (the soft stop) the consumer takes no more messages and lets those in
+// flight finish; when work ends (the hard stop) their handlers' contexts are
+// cancelled, so an in-transaction batch rolls back and an external effect is
+// abandoned, and their messages are redelivered later, as after a crash. An
+// external effect whose Perform returns success after the hard stop is still
+// recorded (its lease holds it until then). RunWork returns once the work in
+// flight has returned. worker.Worker.Stop is this, for every component at once.
+func (c *Consumer) RunWork(ctx, work context.Context) error {
 	c.stopping = ctx.Done()
 	fs := faults.From(ctx)
 	c.keyOnly, c.anyInstallation, c.ignoreEpoch = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation), fs.On(faults.IgnoreEpoch)
@@ -171,10 +186,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return true
 	})
 
-	// Work in flight finishes on a context that survives ctx: a half-done batch
+	// Work in flight finishes on work, which survives ctx: a half-done batch
 	// would only be redelivered (an effect cut off half-way performed again after
 	// its lease expired), but finishing it is the graceful thing to do.
-	work := stop.Work(ctx)
 	// loop ends with ctx, or when the watch finds this database forked.
 	loop, stopLoop := context.WithCancel(ctx)
 	defer stopLoop()

@@ -19,6 +19,11 @@
 // default a new name that looks like a rename of a registered consumer is refused
 // (ErrLikelyRenamed): rename the old one (Rename) so the new name keeps its inbox.
 //
+// worker.Worker runs its consumers and stops them in two steps. A Consumer run on
+// its own stops the same way with RunWork(ctx, work): ctx ending stops the
+// fetching and lets the work in flight finish, work ending cancels it. Run(ctx)
+// has the soft stop only.
+//
 // # In-transaction handlers
 //
 // A Handler (or a BatchHandler, which writes a whole batch with one statement) runs

@@ -16,7 +16,6 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/relay"
-	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"
 	"github.com/idemkit/idem/producer"
@@ -207,17 +206,22 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 	}
 
+	// Work in flight runs on a context that outlives the soft stop (a batch
+	// commits and acks, an effect completes, the relay marks its batch) and ends
+	// only at the hard stop; the components stop taking work when runCtx ends.
+	workCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
+	runCtx, cancel := context.WithCancel(workCtx)
 	var comps []component
 	for _, c := range w.consumers {
-		comps = append(comps, component{"consumer " + c.Config().Name, c.Run})
+		comps = append(comps, component{"consumer " + c.Config().Name, func(ctx context.Context) error { return c.RunWork(ctx, workCtx) }})
 	}
 	if w.relay != nil {
-		comps = append(comps, component{"relay", w.relay.Run})
+		comps = append(comps, component{"relay", func(ctx context.Context) error { return w.relay.RunWork(ctx, workCtx) }})
 	}
 	if w.logRelay != nil {
 		comps = append(comps, component{"log relay", func(ctx context.Context) error {
 			defer parts.Of(w.inst).Waker.ByLog(false) // the Outboxes of this process wake relays again
-			return w.logRelay.Run(ctx)
+			return w.logRelay.RunWork(ctx, workCtx)
 		}})
 	}
 	if w.reconcile != nil {
@@ -228,11 +232,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	comps = append(comps, component{"stream keeper", w.keeper.run}, component{"lag watch", w.metrics.lag.run},
 		component{"nats", w.broker.run})
-	// Work in flight runs on a context that outlives the soft stop (a batch
-	// commits and acks, an effect completes, the relay marks its batch) and ends
-	// only at the hard stop; the components stop taking work when runCtx ends.
-	workCtx, hardStop := context.WithCancel(context.WithoutCancel(ctx))
-	runCtx, cancel := context.WithCancel(stop.WithWork(workCtx, workCtx))
 	w.cancel, w.hardStop = cancel, hardStop
 	w.started = true
 	var wg sync.WaitGroup

@@ -24,7 +24,6 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
-	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
 )
@@ -135,7 +134,12 @@ func (e errStandby) Error() string {
 // slot read by another stands by, trying again every PollInterval. At the end
 // the window under way is finished (its PubAcks awaited, bounded by
 // PublishTimeout, on the work context) before Run returns nil.
-func (l *LogRelay) Run(ctx context.Context) error {
+func (l *LogRelay) Run(ctx context.Context) error { return l.RunWork(ctx, context.WithoutCancel(ctx)) }
+
+// RunWork is Run with the work context work: the window under way when ctx ends
+// is finished on work, and abandoned (published again by the next reader of the
+// slot) when work ends.
+func (l *LogRelay) RunWork(ctx, work context.Context) error {
 	c, err := LogCapability(ctx, l.pool, l.schema)
 	if err == nil && c.Mode != ModeLog {
 		err = fmt.Errorf("relay: the log relay cannot run: %s", c.Why)
@@ -154,7 +158,7 @@ func (l *LogRelay) Run(ctx context.Context) error {
 	l.log.InfoContext(ctx, "log relay started", "publication", l.names.Publication, "stream", l.stream)
 	pause, standing := time.Duration(0), false
 	for {
-		err := l.session(ctx)
+		err := l.session(ctx, work)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -196,7 +200,7 @@ func (l *LogRelay) replicationConfig() *pgconn.Config {
 }
 
 // session takes the slot (creating it when it is missing, or lost) and streams it.
-func (l *LogRelay) session(ctx context.Context) error {
+func (l *LogRelay) session(ctx, work context.Context) error {
 	s, err := readSlot(ctx, l.pool, l.names.Slot)
 	if err != nil {
 		return err
@@ -244,7 +248,7 @@ func (l *LogRelay) session(ctx context.Context) error {
 	l.reading.Store(true)
 	defer l.reading.Store(false)
 	l.log.InfoContext(ctx, "log relay reading the slot", "from", s.confirmed)
-	return l.read(ctx, conn)
+	return l.read(ctx, work, conn)
 }
 
 // createSlot makes the slot and hands the log relay's rows that no window holds,
@@ -294,8 +298,7 @@ type logTxn struct {
 
 // read reads the slot, publishes each transaction's rows as they come, and
 // confirms positions as the acker settles them.
-func (l *LogRelay) read(ctx context.Context, conn *pgconn.PgConn) error {
-	work := stop.Work(ctx)
+func (l *LogRelay) read(ctx, work context.Context, conn *pgconn.PgConn) error {
 	txns := make(chan *logTxn, 1024)
 	a := &acker{l: l, done: make(chan error, 1)}
 	inFlight := make(chan struct{}, 4*l.cfg.BatchSize) // messages published, PubAck not yet settled

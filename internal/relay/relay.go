@@ -23,7 +23,6 @@ import (
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
-	"github.com/idemkit/idem/internal/stop"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
 )
@@ -186,7 +185,11 @@ func New(inst *install.Installation, cfg Config) (*Relay, error) {
 // Run relays until ctx is cancelled. A batch under way when ctx is cancelled is
 // finished (published and marked, bounded by PublishTimeout) before Run returns
 // nil, and so is the goroutine that listens for NOTIFYs.
-func (r *Relay) Run(ctx context.Context) error {
+func (r *Relay) Run(ctx context.Context) error { return r.RunWork(ctx, context.WithoutCancel(ctx)) }
+
+// RunWork is Run with the work context work: a batch under way when ctx ends is
+// finished on work, and abandoned (republished later) when work ends.
+func (r *Relay) RunWork(ctx, work context.Context) error {
 	r.log.InfoContext(ctx, "relay started", "batch_size", r.cfg.BatchSize, "stream", r.stream)
 	wake := r.wake
 	// Behind a log relay the Outboxes wake it too until the log relay owns new
@@ -207,7 +210,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		// Batches run on a context that outlives ctx so a shutdown never abandons a
 		// published-but-unmarked batch (that would only cost a re-publish, but
 		// finishing is cheap and keeps the broker quiet).
-		if _, err := r.Drain(stop.Work(ctx)); err != nil {
+		if _, err := r.Drain(work); err != nil {
 			r.log.ErrorContext(ctx, "relay batch failed", "err", err)
 		}
 		select {
