@@ -56,6 +56,10 @@ type Consumer struct {
 	// recordOnWork is the negative control of the hard stop
 	// (faults.RecordOnWorkContext), read at Run.
 	recordOnWork bool
+
+	// registered is the registration Register made, for Run to start from.
+	regMu      sync.Mutex
+	registered *binding
 }
 
 // idOf names d in the inbox: its key and its message (idem.MessageOf).
@@ -146,13 +150,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 // flight has returned. worker.Worker.Stop is this, for every component at once.
 func (c *Consumer) RunWork(ctx, work context.Context) error {
 	c.stopping = ctx.Done()
-	fs := faults.From(ctx)
-	c.keyOnly, c.anyInstallation, c.ignoreEpoch = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation), fs.On(faults.IgnoreEpoch)
-	c.renameBackfills = fs.On(faults.RenameBackfills)
-	c.recordOnWork = fs.On(faults.RecordOnWorkContext)
+	c.readFaults(ctx)
 	// Stopped while starting (registering, creating the durable consumer): a
 	// stop, not a failure.
-	b, err := c.register(ctx)
+	b, err := c.registration(ctx)
 	if errors.Is(err, ErrLikelyRenamed) {
 		return err
 	}
@@ -224,6 +225,46 @@ func (c *Consumer) RunWork(ctx, work context.Context) error {
 	}
 	c.log.InfoContext(ctx, "consumer stopped")
 	return nil
+}
+
+// Register registers the consumer in the installation, as Run does before its
+// first message, without consuming: from then on the reconciler expects it to
+// settle what it reads. A consumer that looks like a rename is refused here
+// (ErrLikelyRenamed), and its Run refuses too. Consumers started together
+// register first, then run, so that none takes a sibling that has already
+// settled messages for the name it was renamed from: worker.Worker.Start does
+// that for its consumers. It retries while the database is unreachable, until
+// ctx ends; Run then starts from this registration.
+func (c *Consumer) Register(ctx context.Context) error {
+	c.readFaults(ctx)
+	b, err := c.register(ctx)
+	if err != nil {
+		return err
+	}
+	c.regMu.Lock()
+	c.registered = &b
+	c.regMu.Unlock()
+	return nil
+}
+
+// registration is the registration Register made, or a new one.
+func (c *Consumer) registration(ctx context.Context) (binding, error) {
+	c.regMu.Lock()
+	b := c.registered
+	c.registered = nil // a second Run registers again
+	c.regMu.Unlock()
+	if b != nil {
+		return *b, nil
+	}
+	return c.register(ctx)
+}
+
+// readFaults reads the negative controls armed in ctx.
+func (c *Consumer) readFaults(ctx context.Context) {
+	fs := faults.From(ctx)
+	c.keyOnly, c.anyInstallation, c.ignoreEpoch = fs.On(faults.KeyOnlyIdentity), fs.On(faults.AnyInstallation), fs.On(faults.IgnoreEpoch)
+	c.renameBackfills = fs.On(faults.RenameBackfills)
+	c.recordOnWork = fs.On(faults.RecordOnWorkContext)
 }
 
 // ErrForeignDurable is wrapped by the error of a consumer whose durable JetStream

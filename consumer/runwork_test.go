@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -62,5 +63,46 @@ func TestRunWorkHasAHardStop(t *testing.T) {
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_inbox WHERE consumer = 'mail' AND status = 'done'`); n != 0 {
 		t.Fatalf("the abandoned effect was recorded as done (%d rows)", n)
+	}
+}
+
+// Consumers started together register first, then run: a sibling that has
+// already settled messages does not make one registered beside it look renamed
+// from it. Without Register, b's Run after a settled is refused (ErrLikelyRenamed),
+// which is what a worker whose consumers registered as they ran did, at random.
+func TestRegisteredSiblingsAreNotRenames(t *testing.T) {
+	t.Parallel()
+	env := testenv.New(t)
+	for i := range 5 {
+		env.Publish(t, testenv.Subject, idem.ScopedKey("", idem.Key(fmt.Sprintf("k-%d", i))), "", []byte(`{}`))
+	}
+	a, err := consumer.New(env.Inst, testenv.ConsumerConfig("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := consumer.New(env.Inst, testenv.ConsumerConfig("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, c := range []*consumer.Consumer{a, b} {
+		if err := c.Register(ctx); err != nil {
+			t.Fatalf("Register %s: %v", c.Config().Name, err)
+		}
+	}
+	stopA := testenv.Go(t, "consumer a", a.Run)
+	testenv.Eventually(t, 20*time.Second, "a settles the stream", func() bool { return env.AllEffects(t) == 5 })
+	stopA()
+	stopB := testenv.Go(t, "consumer b", b.Run) // fails the test if Run returns an error
+	defer stopB()
+	testenv.Eventually(t, 20*time.Second, "b settles the stream too", func() bool { return env.AllEffects(t) == 10 })
+
+	// The control: c, registered only by its Run after a settled, is refused.
+	c, err := consumer.New(env.Inst, testenv.ConsumerConfig("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx); !errors.Is(err, consumer.ErrLikelyRenamed) {
+		t.Fatalf("c's Run after a settled, unregistered = %v, want ErrLikelyRenamed", err)
 	}
 }

@@ -198,6 +198,14 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.log.WarnContext(ctx, "worker: "+warning)
 	}
 
+	// Every consumer registers before any runs: one that settled messages would
+	// make a sibling registering after it look renamed from it.
+	for _, c := range w.consumers {
+		if err := c.Register(ctx); err != nil {
+			return fmt.Errorf("worker: consumer %s: %w", c.Config().Name, err)
+		}
+	}
+
 	// Partitions first, so a partitioned inbox has today's and the days ahead
 	// before the first claim; a failure only leaves rows to the default partition.
 	if w.collector != nil {
