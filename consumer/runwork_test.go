@@ -76,11 +76,16 @@ func TestRegisteredSiblingsAreNotRenames(t *testing.T) {
 	for i := range 5 {
 		env.Publish(t, testenv.Subject, idem.ScopedKey("", idem.Key(fmt.Sprintf("k-%d", i))), "", []byte(`{}`))
 	}
-	a, err := consumer.New(env.Inst, testenv.ConsumerConfig("a"))
+	def := func(name string) consumer.Config {
+		cfg := testenv.ConsumerConfig(name)
+		cfg.Start = consumer.StartDefault
+		return cfg
+	}
+	a, err := consumer.New(env.Inst, def("a"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := consumer.New(env.Inst, testenv.ConsumerConfig("b"))
+	b, err := consumer.New(env.Inst, def("b"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +103,7 @@ func TestRegisteredSiblingsAreNotRenames(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "b settles the stream too", func() bool { return env.AllEffects(t) == 10 })
 
 	// The control: c, registered only by its Run after a settled, is refused.
-	c, err := consumer.New(env.Inst, testenv.ConsumerConfig("c"))
+	c, err := consumer.New(env.Inst, def("c"))
 	if err != nil {
 		t.Fatal(err)
 	}

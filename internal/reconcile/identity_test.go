@@ -394,6 +394,7 @@ func TestACopysReconcilerIgnoresTheOriginalsAcks(t *testing.T) {
 func (b *bundle) startOrRefusal(t *testing.T, name string, edit ...func(*consumer.Config)) error {
 	t.Helper()
 	cfg := testenv.ConsumerConfig(name)
+	cfg.Start = consumer.StartDefault // what a refusal is about
 	for _, e := range edit {
 		e(&cfg)
 	}
@@ -473,8 +474,9 @@ func TestARenameInConfigurationIsRefused(t *testing.T) {
 func TestALikelyRenameRefusesOnlyANewNameBesideSettlements(t *testing.T) {
 	t.Parallel()
 	b := setup(t, options{})
-	b.consumer(t, "a", testenv.Subject)
-	b.consumer(t, "b", testenv.Subject)
+	byDefault := func(c *consumer.Config) { c.Start = consumer.StartDefault }
+	b.consumer(t, "a", testenv.Subject, byDefault)
+	b.consumer(t, "b", testenv.Subject, byDefault)
 	b.publish(t, testenv.Subject, "k-1")
 	testenv.Eventually(t, 10*time.Second, "a and b settle", func() bool { return b.env.Effects(t, "k-1") == 2 })
 

@@ -152,6 +152,10 @@ func ConsumerConfig(name string) consumer.Config {
 		BatchHandler: Effect{},
 		AckWait:      2 * time.Second,
 		Backoff:      func(int) time.Duration { return 50 * time.Millisecond },
+		// Explicit, so that a test starting consumers of one subject one by one
+		// (each Run registering it) is not refused as a rename of one that
+		// settled first; the tests of that refusal ask for StartDefault.
+		Start: consumer.StartBackfill,
 	}
 }
 
