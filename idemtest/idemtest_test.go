@@ -495,9 +495,19 @@ func TestCaseValidation(t *testing.T) {
 		t.Errorf("bad durable name: want the first scenario failed because the consumer stopped:\n%s", r)
 	}
 
-	// A stream the check did not create is not the check's to delete.
-	if _, err := env.JS.CreateStream(t.Context(), jetstream.StreamConfig{Name: idemtest.DefaultStream, Subjects: []string{"orders.>"}}); err != nil {
-		t.Fatal(err)
+	// A stream the check did not create is not the check's to delete. The check
+	// just deleted its own stream of that name, and the server may still be
+	// removing its store: "error creating store for stream" until it has.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := env.JS.CreateStream(t.Context(), jetstream.StreamConfig{Name: idemtest.DefaultStream, Subjects: []string{"orders.>"}})
+		if err == nil {
+			break
+		}
+		if !strings.Contains(err.Error(), "error creating store") || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the server's state; no event says the store is gone
 	}
 	if _, err := idemtest.Check(t.Context(), env, valid()); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("existing stream: err = %v", err)
