@@ -53,6 +53,11 @@ const (
 	// not completed and the message not acked.
 	ExternalAfterPerform Point = "external.after-perform"
 
+	// ReconcileBeforeRedrive: a reconciler's batch has judged its rows; the
+	// re-drive of those it found lost is not written yet. A test's Func there
+	// can settle one meanwhile, as a consumer may.
+	ReconcileBeforeRedrive Point = "reconcile.before-redrive"
+
 	// SkipInboxClaim is a switch, not a crash: the negative control of the tests.
 	// Armed, in-transaction consumers run every delivery's handler without claiming
 	// its key, so a checker must see doubled effects.
@@ -130,7 +135,7 @@ const (
 const MarkHeader = "Idem-Fault"
 
 // Points lists every point, for validation and for help texts.
-var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, SkipInboxClaim,
+var Points = []Point{IngressAfterCommit, RelayAfterPublish, EffectBeforeCommit, ConsumerAfterCommit, ExternalAfterPerform, ReconcileBeforeRedrive, SkipInboxClaim,
 	KeyOnlyIdentity, AnyInstallation, IgnoreEpoch, RenameBackfills, RedriveToAll, OldDeadLettersProve, RegisteredLifetime, ConfirmOnRead, SkipSlotHandOver, TemporarySlot, MarkedMessages, IgnoreClosedConnection, RecordOnWorkContext}
 
 // Func is a test hook run at a point with the keys of the work under way. A non-nil

@@ -333,19 +333,23 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 			}
 		}
 	}
-	redriven := 0
+	// The rows re-driven: those of redriveIDs the re-drive found still unsettled
+	// when it ran. One a consumer settled meanwhile is left for the next pass.
+	var redrivenIDs []int64
 	if len(redriveIDs) > 0 {
 		fs := faults.From(ctx)
+		if err := fs.Hit(ctx, faults.ReconcileBeforeRedrive, nil); err != nil {
+			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
+		}
 		rs, err := tx.Query(ctx, r.st.Outbox.Redrive, redriveIDs, redriveFor, "reconcile: the stream lost it; re-driven",
 			fs.On(faults.RedriveToAll), fs.On(faults.OldDeadLettersProve))
 		if err != nil {
 			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
 		}
-		ids, err := pgx.CollectRows(rs, pgx.RowTo[int64])
-		if err != nil {
+		if redrivenIDs, err = pgx.CollectRows(rs, pgx.RowTo[int64]); err != nil {
 			return rep, 0, fmt.Errorf("reconcile: re-drive: %w", err)
 		}
-		if redriven = len(ids); redriven > 0 {
+		if len(redrivenIDs) > 0 {
 			if _, err := tx.Exec(ctx, r.st.Outbox.Notify, r.st.Outbox.Channel); err != nil {
 				return rep, 0, fmt.Errorf("reconcile: re-drive: notify: %w", err)
 			}
@@ -356,7 +360,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 			return rep, 0, fmt.Errorf("reconcile: alert: %w", err)
 		}
 	}
-	if proven := provenWindows(windows, rows, complete, redriveIDs, alertIDs); len(proven) > 0 {
+	if proven := provenWindows(windows, rows, complete, redrivenIDs, alertIDs); len(proven) > 0 {
 		if _, err := tx.Exec(ctx, r.st.Published.Prove, proven); err != nil {
 			return rep, 0, fmt.Errorf("reconcile: prove windows: %w", err)
 		}
@@ -369,7 +373,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 			r.log.ErrorContext(ctx, "reconcile: an intent was never settled and is past every horizon; dead-lettered", "outbox_id", id, "consumer", alertFor[i], "reason", alertWhy[i])
 		}
 	}
-	rep.Completed, rep.Lagging, rep.Unrouted, rep.Redriven = len(complete), len(lag), len(unrouted), redriven
+	rep.Completed, rep.Lagging, rep.Unrouted, rep.Redriven = len(complete), len(lag), len(unrouted), len(redrivenIDs)
 	rep.Alerted = countDistinct(alertIDs)
 	return rep, next, nil
 }
