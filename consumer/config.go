@@ -108,7 +108,7 @@ type Config struct {
 	// since. StartDefault (the zero value) backfills, unless the consumer looks
 	// like a rename: a new name (no durable consumer, not registered) with the
 	// stream and filter of a registered consumer that has settled messages. Then
-	// Run refuses it with ErrLikelyRenamed, since backfilling would run what the
+	// Register and Run (and so worker.Worker.Start) refuse it with ErrLikelyRenamed, since backfilling would run what the
 	// old name settled again under a name whose inbox is empty. Rename the old
 	// consumer (Rename; worker consumers rename OLD NEW) so the new name keeps its
 	// inbox, Forget a retired one, or set Start explicitly for a second consumer
