@@ -337,7 +337,18 @@ func TestAnotherInstallationsDurableNamesTheWayToMove(t *testing.T) {
 func TestARunningOriginalStopsWhenACopyBindsAfterIt(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	cfg := testenv.ConsumerConfig("fork")
+	done := runOriginal(t, env, "fork")
+	cp := copyOf(t, env, stateOf(t, env.DB.Pool))
+	bindOnce(t, env, cp, "fork")
+	wantForked(t, done, "the running original kept running after its copy bound the durable")
+}
+
+// runOriginal runs a consumer of env's installation that checks its durable
+// every 50ms, until it has bound it (a new epoch), and returns what Run returns.
+func runOriginal(t *testing.T, env *testenv.Env, name string) <-chan error {
+	t.Helper()
+	before := stateOf(t, env.DB.Pool)
+	cfg := testenv.ConsumerConfig(name)
 	cfg.CheckInterval = 50 * time.Millisecond
 	c, err := consumer.New(env.Inst, cfg)
 	if err != nil {
@@ -345,21 +356,26 @@ func TestARunningOriginalStopsWhenACopyBindsAfterIt(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	go func() { done <- c.Run(ctx) }()
 	testenv.Eventually(t, 10*time.Second, "the original bound", func() bool {
-		jc, err := env.JS.Consumer(context.Background(), testenv.Stream, "fork")
-		return err == nil && jc.CachedInfo().Config.Metadata[installation.TokenKey] != ""
+		jc, err := env.JS.Consumer(context.Background(), testenv.Stream, name)
+		return err == nil && installation.FromMetadata(jc.CachedInfo().Config.Metadata).Epoch > before.Epoch
 	})
-	cp := copyOf(t, env, stateOf(t, env.DB.Pool))
-	bindOnce(t, env, cp, "fork")
+	return done
+}
+
+// wantForked waits for the running original's Run to return ErrForkedDatabase;
+// stillRunning is the failure when it does not.
+func wantForked(t *testing.T, done <-chan error, stillRunning string) {
+	t.Helper()
 	select {
 	case err := <-done:
 		if !errors.Is(err, consumer.ErrForkedDatabase) {
 			t.Fatalf("the running original: Run = %v, want ErrForkedDatabase", err)
 		}
 	case <-time.After(20 * time.Second):
-		t.Fatal("the running original kept running after its copy bound the durable")
+		t.Fatal(stillRunning)
 	}
 }
 
@@ -372,20 +388,7 @@ func TestACopyAndItsOriginalBindingAtOnce(t *testing.T) {
 	env := testenv.New(t)
 	before := stateOf(t, env.DB.Pool)
 	cp := copyOf(t, env, before) // taken before the original's binding below
-	cfg := testenv.ConsumerConfig("race")
-	cfg.CheckInterval = 50 * time.Millisecond
-	c, err := consumer.New(env.Inst, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { done <- c.Run(ctx) }()
-	testenv.Eventually(t, 10*time.Second, "the original bound", func() bool {
-		jc, err := env.JS.Consumer(context.Background(), testenv.Stream, "race")
-		return err == nil && installation.FromMetadata(jc.CachedInfo().Config.Metadata).Epoch > before.Epoch
-	})
+	done := runOriginal(t, env, "race")
 
 	// The copy's binding, begun when the durable still recorded the shared epoch.
 	ctxb := context.Background()
@@ -405,14 +408,7 @@ func TestACopyAndItsOriginalBindingAtOnce(t *testing.T) {
 	if _, err := env.JS.UpdateConsumer(ctxb, testenv.Stream, dc); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, consumer.ErrForkedDatabase) {
-			t.Fatalf("the running original: Run = %v, want ErrForkedDatabase", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the running original kept running beside a copy that bound the durable at the same epoch")
-	}
+	wantForked(t, done, "the running original kept running beside a copy that bound the durable at the same epoch")
 	// And it stays refused: its database's last binding is not the durable's.
 	if err := runRefused(t, env.Inst, "race"); !errors.Is(err, consumer.ErrForkedDatabase) {
 		t.Fatalf("the original restarted: %v, want ErrForkedDatabase", err)
