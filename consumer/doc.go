@@ -105,8 +105,8 @@
 //
 // The short example is ExternalHandlerFunc's: a confirmation to an HTTP service
 // that honours an Idempotency-Key. Examples that need a database and a broker live
-// in package idemtest (github.com/idemkit/idem/idemtest), whose Start gives them
-// both: an in-transaction consumer run by hand (Example, InTransactionConsumer),
+// in package idemtest (github.com/idemkit/idem/idemtest), whose Start gives them a
+// database and a connection to the broker: an in-transaction consumer run by hand (Example, InTransactionConsumer),
 // and a three-step charge with recovery points (Example, CheckpointedExternal).
 //
 // # Poison and dead letters

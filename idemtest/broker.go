@@ -69,7 +69,7 @@ func (ck *check) createStream(ctx context.Context) error {
 	_, err := ck.env.JS.Stream(ctx, name)
 	switch {
 	case err == nil:
-		return fmt.Errorf("idemtest: stream %s already exists on this Env; a check creates its own stream and deletes it at the end", name)
+		return fmt.Errorf("idemtest: stream %s already exists on the Env's server (Config.NATSURL); a check creates its own stream and deletes it at the end: give each Env that checks at the same time a server of its own, or its Case another Stream", name)
 	case !errors.Is(err, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("idemtest: look up stream %s: %w", name, err)
 	}

@@ -101,6 +101,8 @@ func newPlan(env *Env, c Case) (*plan, error) {
 	switch {
 	case env == nil:
 		return nil, errors.New("idemtest: nil Env (use Start or New)")
+	case env.JS == nil:
+		return nil, errors.New("idemtest: the Env has no broker: set Config.NATSURL to a JetStream server of its own (github.com/idemkit/idem/embeddednats starts one in the test process)")
 	case c.Effects == nil:
 		return nil, errors.New("idemtest: Case.Effects is required: the check asserts the count of effects it returns for a key")
 	case c.Message.Subject == "":

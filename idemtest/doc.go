@@ -1,17 +1,23 @@
 // Package idemtest checks that YOUR consumer handler makes its effect exactly
-// once, against a real Postgres and a real (embedded) JetStream, under every kind of
+// once, against a real Postgres and a real JetStream, under every kind of
 // repeat the system can produce: a crash before the commit, a crash after it, the
 // broker delivering the same message again, the relay or a producer re-sending it,
 // and a producer bug sending the same key with another payload. It puts "once" in
 // the user's own CI, next to the handler it is about.
 //
-// A test starts an Env (a fresh database with idem's tables and the user's, and a
-// JetStream server of its own), describes the consumer and one message in a Case,
-// and asserts:
+// A test starts an Env (a fresh database with idem's tables and the user's, on a
+// JetStream server of the test's own), describes the consumer and one message in
+// a Case, and asserts:
 //
 //	func TestShippingIsOnce(t *testing.T) {
 //		t.Parallel()
+//		srv, err := embeddednats.Start(embeddednats.Config{StoreDir: t.TempDir()})
+//		if err != nil {
+//			t.Fatal(err)
+//		}
+//		t.Cleanup(srv.Stop)
 //		env := idemtest.New(t, idemtest.Config{
+//			NATSURL: srv.URL(),
 //			Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
 //				_, err := pool.Exec(ctx, `CREATE TABLE shipments (key text NOT NULL, payload bytea NOT NULL)`)
 //				return err
@@ -73,8 +79,9 @@
 // The crash scenarios each use a fresh key (in the Case key's scope) with the same
 // payload (or Case.PayloadFor's): an effect that already happened cannot be
 // interrupted, so crashing on the first key would only show a fold. The other
-// scenarios repeat the Case's key. The crashes are the module's internal fault
-// points, aimed at those keys only; a user cannot arm them outside this kit.
+// scenarios repeat the Case's key. The crashes are the library's internal fault
+// points, aimed at those keys only; a user cannot arm them outside this kit, which
+// is why it is a package of the library's module, as rivertest is of River's.
 //
 // Between scenarios the kit waits on conditions, never on sleeps: the consumer's
 // outcome events (processed, duplicate, dead-lettered) and the durable consumer
@@ -85,14 +92,17 @@
 // # Isolation
 //
 // Each Env has its own database (idemtest_<random>, dropped by Close WITH
-// (FORCE)) and its own JetStream server, so parallel tests each take one. A check
-// creates its stream (Case.Stream, by default DefaultStream on the consumer's
-// subject) and deletes it when it ends, so checks run one after another on one Env
-// do not see each other's messages; on one Env they run one at a time.
+// (FORCE)) and uses the JetStream server of Config.NATSURL, so parallel tests each
+// take an Env and a server. A check creates its stream (Case.Stream, by default
+// DefaultStream on the consumer's subject) and deletes it when it ends, so checks
+// run one after another on one Env do not see each other's messages; on one Env
+// they run one at a time.
 //
-// The JetStream server runs in the test process, so a module whose tests use the
-// kit has the NATS server's module (and its dependencies) in its graph, and a
-// binary that does not import the kit links none of it.
+// The kit starts no server, so the library's module graph holds no nats-server.
+// The module github.com/idemkit/idem/embeddednats runs the server's own code in
+// the test process (its module brings nats-server into the graph of the module
+// whose tests require it); Config.NATSURL may also name a server run apart, one
+// per Env that checks at the same time.
 //
 // # Examples of package consumer
 //

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
@@ -29,8 +27,8 @@ const DefaultDatabaseURL = pgtest.DefaultURL
 const startTimeout = 60 * time.Second
 
 // Config describes the environment a check runs in. The zero value is a database on
-// $DATABASE_URL (or DefaultDatabaseURL) with idem's tables in public and no tables
-// of the user's.
+// $DATABASE_URL (or DefaultDatabaseURL) with idem's tables in public, no tables of
+// the user's and no broker: set NATSURL before running a check.
 type Config struct {
 	// DatabaseURL names the Postgres server the Env creates its own database on
 	// (default $DATABASE_URL, else DefaultDatabaseURL). Its role must be allowed to
@@ -43,30 +41,42 @@ type Config struct {
 	Migrate func(ctx context.Context, pool *pgxpool.Pool) error
 	// Logger receives the log of the checks' consumers (default: discarded).
 	Logger *slog.Logger
+	// NATSURL is the JetStream server the Env's checks publish to and consume
+	// from, the Env's own: a check creates its stream there (Case.Stream) and
+	// deletes it at the end, so Envs that check at the same time need a server
+	// each, or streams and subjects of their own. Empty leaves the Env without a
+	// broker (NC and JS nil): Check refuses to run, the database stays usable.
+	// The kit starts no server, so that a module using it does not link one; the
+	// module github.com/idemkit/idem/embeddednats runs one in the test process:
+	//
+	//	srv, err := embeddednats.Start(embeddednats.Config{StoreDir: t.TempDir()})
+	//	...
+	//	t.Cleanup(srv.Stop)
+	//	env := idemtest.New(t, idemtest.Config{NATSURL: srv.URL()})
+	NATSURL string
 }
 
 // Env is one isolated world for checks: a fresh Postgres database with idem's
-// tables (and the user's, from Config.Migrate) and an embedded JetStream server of
-// its own. Checks on one Env run one at a time (Check serialises them); for
-// parallel checks use one Env each.
+// tables (and the user's, from Config.Migrate) and a connection to the JetStream
+// server of Config.NATSURL. Checks on one Env run one at a time (Check serialises
+// them); for parallel checks use one Env, and one server, each.
 type Env struct {
 	// Pool is connected to the Env's database.
 	Pool *pgxpool.Pool
-	// NC is connected to the embedded JetStream server; JS is JetStream on it.
+	// NC is connected to Config.NATSURL; JS is JetStream on it. Both are nil on
+	// an Env without a broker.
 	NC *nats.Conn
 	JS jetstream.JetStream
 	// DatabaseURL connects to the Env's database (for a second pool, psql, a
 	// subprocess).
 	DatabaseURL string
-	// NATSURL is the embedded server's client URL.
+	// NATSURL is Config.NATSURL.
 	NATSURL string
 	// Schema is the schema of the idem_* tables ("public" by default).
 	Schema string
 
-	log      *slog.Logger
-	db       *pgtest.DB
-	storeDir string
-	nats     *embeddednats.Server
+	log *slog.Logger
+	db  *pgtest.DB
 
 	checking  sync.Mutex // held by a running Check
 	closeOnce sync.Once
@@ -79,10 +89,9 @@ type Env struct {
 
 // Start creates the Env: a database named idem_t_<random> on the configured server
 // (the test kit's one throwaway-database helper), idem's migrations in
-// Config.Schema, Config.Migrate, and a JetStream server on a random loopback port
-// with its store in a temporary directory. It takes no testing.T, so TestMain and
-// Example functions can use it; call Close when done. On error nothing is left
-// behind.
+// Config.Schema, Config.Migrate, and a connection to Config.NATSURL. It takes no
+// testing.T, so TestMain and Example functions can use it; call Close when done.
+// On error nothing is left behind.
 func Start(ctx context.Context, cfg Config) (*Env, error) {
 	if err := pgschema.Validate(cfg.Schema); err != nil {
 		return nil, fmt.Errorf("idemtest: Config.Schema: %w", err)
@@ -111,15 +120,12 @@ func (e *Env) start(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	if e.storeDir, err = os.MkdirTemp("", "idemtest-jetstream-"); err != nil {
-		return fmt.Errorf("idemtest: JetStream store: %w", err)
+	if cfg.NATSURL == "" {
+		return nil
 	}
-	if e.nats, err = embeddednats.Start(embeddednats.Config{StoreDir: e.storeDir}); err != nil {
-		return fmt.Errorf("idemtest: %w", err)
-	}
-	e.NATSURL = e.nats.URL()
+	e.NATSURL = cfg.NATSURL
 	if e.NC, err = nats.Connect(e.NATSURL); err != nil {
-		return fmt.Errorf("idemtest: connect to JetStream: %w", err)
+		return fmt.Errorf("idemtest: connect to Config.NATSURL: %w", err)
 	}
 	if e.JS, err = jetstream.New(e.NC); err != nil {
 		return fmt.Errorf("idemtest: JetStream: %w", err)
@@ -150,30 +156,19 @@ func New(t testing.TB, cfg Config) *Env {
 	return e
 }
 
-// Close stops the JetStream server, removes its store and drops the database
-// (WITH (FORCE), so a connection left open by the user's code does not keep it
-// alive). It is safe to call more than once; later calls return the first result.
+// Close closes the connection to the broker and drops the database (WITH (FORCE),
+// so a connection left open by the user's code does not keep it alive); the
+// server of Config.NATSURL is the caller's to stop. It is safe to call more than
+// once; later calls return the first result.
 func (e *Env) Close() error {
 	e.closeOnce.Do(func() {
 		if e.NC != nil {
 			e.NC.Close()
 		}
-		if e.nats != nil {
-			e.nats.Stop()
-		}
-		var errs []error
-		if e.storeDir != "" {
-			if err := os.RemoveAll(e.storeDir); err != nil {
-				errs = append(errs, fmt.Errorf("remove JetStream store: %w", err))
-			}
-		}
 		if e.db != nil {
 			if err := e.db.Drop(); err != nil {
-				errs = append(errs, err)
+				e.closeErr = fmt.Errorf("idemtest: %w", err)
 			}
-		}
-		if err := errors.Join(errs...); err != nil {
-			e.closeErr = fmt.Errorf("idemtest: %w", err)
 		}
 	})
 	return e.closeErr

@@ -337,7 +337,7 @@ func writeReply(w http.ResponseWriter, status int, body []byte, replayed bool) {
 func Example_checkpointedExternal() {
 	ctx := context.Background()
 	// A throwaway Postgres database with idem's tables and an embedded JetStream.
-	env, err := idemtest.Start(ctx, idemtest.Config{})
+	env, err := idemtest.Start(ctx, idemtest.Config{NATSURL: newServer()})
 	if err != nil {
 		log.Fatal(err)
 	}

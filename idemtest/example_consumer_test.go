@@ -30,6 +30,7 @@ func Example_inTransactionConsumer() {
 	// A throwaway Postgres database with idem's tables and the application's own,
 	// and an embedded JetStream.
 	env, err := idemtest.Start(ctx, idemtest.Config{
+		NATSURL: newServer(),
 		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
 			_, err := pool.Exec(ctx, `CREATE TABLE ledger (key text NOT NULL, account text NOT NULL, amount_cents bigint NOT NULL)`)
 			return err

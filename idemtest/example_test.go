@@ -21,6 +21,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	env, err := idemtest.Start(ctx, idemtest.Config{
+		NATSURL: newServer(),
 		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
 			_, err := pool.Exec(ctx, `CREATE TABLE shipments (key text NOT NULL, payload bytea NOT NULL)`)
 			return err
@@ -68,7 +69,7 @@ func Example() {
 // that key, which KeyFor derives from the scoped key alike.
 func Example_external() {
 	ctx := context.Background()
-	env, err := idemtest.Start(ctx, idemtest.Config{})
+	env, err := idemtest.Start(ctx, idemtest.Config{NATSURL: newServer()})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/testkit/natstest"
 )
 
 // The kit's own proof: a well-behaved handler passes every scenario, and each kind
@@ -34,10 +35,14 @@ const sqlCreateEffects = `CREATE TABLE public.effects (
     payload bytea     NOT NULL
 )`
 
-// setup starts the test's own Env, with the table effects (no unique key, so a
-// double effect shows as a second row) unless cfg migrates something else.
+// setup starts the test's own Env, on a JetStream server of its own, with the
+// table effects (no unique key, so a double effect shows as a second row) unless
+// cfg migrates something else.
 func setup(t *testing.T, cfg idemtest.Config) *idemtest.Env {
 	t.Helper()
+	if cfg.NATSURL == "" {
+		cfg.NATSURL = natstest.Start(t).URL()
+	}
 	if cfg.Migrate == nil {
 		cfg.Migrate = func(ctx context.Context, pool *pgxpool.Pool) error {
 			_, err := pool.Exec(ctx, sqlCreateEffects)
@@ -533,6 +538,25 @@ func TestStart(t *testing.T) {
 		}})
 		if err == nil || !strings.Contains(err.Error(), "Config.Migrate: syntax error at CREATE TABEL") {
 			t.Errorf("err = %v, want the Migrate error", err)
+		}
+	})
+	t.Run("no broker", func(t *testing.T) {
+		t.Parallel()
+		env := idemtest.New(t, idemtest.Config{})
+		if env.NC != nil || env.JS != nil {
+			t.Fatal("an Env without Config.NATSURL has a broker connection")
+		}
+		var n int
+		if err := env.Pool.QueryRow(t.Context(), `SELECT count(*) FROM idem_inbox`).Scan(&n); err != nil {
+			t.Fatalf("the database of an Env without a broker: %v", err)
+		}
+		_, err := idemtest.Check(t.Context(), env, idemtest.Case{
+			Consumer: consumer.Config{Name: "shipping", Subject: subject, BatchHandler: rowsBatch{}},
+			Message:  message(),
+			Effects:  countRows,
+		})
+		if err == nil || !strings.Contains(err.Error(), "Config.NATSURL") || !strings.Contains(err.Error(), "embeddednats") {
+			t.Errorf("Check without a broker: err = %v, want one naming Config.NATSURL and embeddednats", err)
 		}
 	})
 	t.Run("Close drops the database", func(t *testing.T) {

@@ -14,11 +14,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
@@ -123,16 +124,28 @@ func order(key, account string, cents int64) *message.Message {
 	return m
 }
 
+// testDB is a test's own database, from the public test kit.
+type testDB struct{ *idemtest.Env }
+
+// Count runs a query that returns one count and fails t if it does not.
+func (db testDB) Count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
 // newDB returns a fresh database with idem's tables (in schema, default public) and
 // the test-local effect table order_effects, which has no unique constraint on the
-// key, so a double effect shows up as a second row.
-func newDB(t *testing.T, schema string) *pgtest.DB {
+// key, so a double effect shows up as a second row. It has no broker.
+func newDB(t *testing.T, schema string) testDB {
 	t.Helper()
-	db := pgtest.NewWith(t, pgtest.Options{Schema: schema})
-	if _, err := db.Pool.Exec(context.Background(), sqlCreateEffects); err != nil {
-		t.Fatalf("create order_effects: %v", err)
-	}
-	return db
+	return testDB{idemtest.New(t, idemtest.Config{Schema: schema, Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
+		_, err := pool.Exec(ctx, sqlCreateEffects)
+		return err
+	}})}
 }
 
 const sqlCreateEffects = `
@@ -144,7 +157,7 @@ CREATE TABLE public.order_effects (
 )`
 
 // effects counts the effect rows.
-func effects(t *testing.T, db *pgtest.DB) int {
+func effects(t *testing.T, db testDB) int {
 	t.Helper()
 	return db.Count(t, `SELECT count(*) FROM public.order_effects`)
 }
@@ -152,7 +165,7 @@ func effects(t *testing.T, db *pgtest.DB) int {
 // newInst returns the service's installation on db: idem's tables in schema, the
 // ORDERS stream, a quiet logger. It has no NATS connection: the middleware and the
 // outbox only read and write the tables.
-func newInst(t *testing.T, db *pgtest.DB, schema string) *install.Installation {
+func newInst(t *testing.T, db testDB, schema string) *install.Installation {
 	t.Helper()
 	inst, err := install.New(db.Pool, nil, install.Config{Schema: schema,
 		Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}, Logger: quiet()})
@@ -164,7 +177,7 @@ func newInst(t *testing.T, db *pgtest.DB, schema string) *install.Installation {
 
 // newOutbox returns the service's outbox on db (idem's tables in public): messages
 // refused unless they lie on the ORDERS stream.
-func newOutbox(t *testing.T, db *pgtest.DB) *outbox.Outbox {
+func newOutbox(t *testing.T, db testDB) *outbox.Outbox {
 	t.Helper()
 	return outbox.New(newInst(t, db, ""))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -12,11 +13,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/embeddednats"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/relay"
-	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
+	"github.com/idemkit/idem/worker"
 )
 
 // fromStream reads the last message stored on subject and turns it into a
@@ -46,12 +47,17 @@ func TestProducedMessageReachesTheStreamUnderItsOwnMsgID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := newDB(t, "")
-	nc, err := nats.Connect(natstest.Start(t).URL())
+	srv, err := embeddednats.Start(embeddednats.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	// The service's installation, with the broker: its relay publishes.
+	// The service's installation, with the broker: a worker's relay publishes.
 	inst, err := install.New(db.Pool, nc, install.Config{Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -61,15 +67,32 @@ func TestProducedMessageReachesTheStreamUnderItsOwnMsgID(t *testing.T) {
 		t.Fatal(err)
 	}
 	ob := outbox.New(inst)
-	rl, err := relay.New(inst, relay.Config{})
+	w, err := worker.New(inst, worker.Config{DisableReconciler: true, DisableRetention: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	drain := func(want int) {
+	if err := w.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := w.Stop(context.Background()); err != nil {
+			t.Errorf("stop the worker: %v", err)
+		}
+	})
+	// published waits until the stream holds want messages.
+	published := func(want uint64) {
 		t.Helper()
-		n, err := rl.Drain(ctx)
-		if err != nil || n != want {
-			t.Fatalf("relay published %d rows (err %v), want %d", n, err, want)
+		for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+			info, err := stream.Info(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.State.Msgs >= want {
+				return
+			}
+			if time.Since(start) > deadline {
+				t.Fatalf("the relay published %d messages in %s, want %d", info.State.Msgs, deadline, want)
+			}
 		}
 	}
 
@@ -82,7 +105,7 @@ func TestProducedMessageReachesTheStreamUnderItsOwnMsgID(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	drain(1)
+	published(1)
 
 	// The Watermill consumer.
 	mw := idemwatermill.Middleware(inst, idemwatermill.Config{
@@ -102,7 +125,7 @@ func TestProducedMessageReachesTheStreamUnderItsOwnMsgID(t *testing.T) {
 			t.Fatalf("handler: %d messages to the router, err %v; want none, nil", len(produced), err)
 		}
 	}
-	drain(1)
+	published(2)
 
 	if n := effects(t, db); n != 1 {
 		t.Errorf("effect rows = %d, want 1", n)

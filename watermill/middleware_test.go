@@ -18,12 +18,11 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
 
 // newMiddleware returns the middleware under test with consumer consumerName.
-func newMiddleware(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
+func newMiddleware(t *testing.T, db testDB) message.HandlerMiddleware {
 	t.Helper()
 	mw, err := idemwatermill.NewMiddleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumerName})
 	if err != nil {

@@ -12,14 +12,13 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
 
 // orderIntent runs one producer transaction: a business row and the outbox
 // messages through the Watermill publisher. It returns the open transaction.
-func orderIntent(t *testing.T, db *pgtest.DB, msgs ...*message.Message) pgx.Tx {
+func orderIntent(t *testing.T, db testDB, msgs ...*message.Message) pgx.Tx {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)

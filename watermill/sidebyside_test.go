@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit/pgtest"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
 
@@ -20,10 +19,10 @@ import (
 type contender struct {
 	name string
 	// middleware returns the strategy's router middleware.
-	middleware func(t *testing.T, db *pgtest.DB) message.HandlerMiddleware
+	middleware func(t *testing.T, db testDB) message.HandlerMiddleware
 	// effect is the handler's side effect: through the pool for the Deduplicator,
 	// which has no transaction, through the idem transaction for the adapter.
-	effect func(db *pgtest.DB) message.NoPublishHandlerFunc
+	effect func(db testDB) message.NoPublishHandlerFunc
 }
 
 // watermillDefault returns middleware.Deduplicator with its defaults: the key is an
@@ -31,7 +30,7 @@ type contender struct {
 func watermillDefault() contender {
 	return contender{
 		name: "watermill Deduplicator, default payload-hash key",
-		middleware: func(*testing.T, *pgtest.DB) message.HandlerMiddleware {
+		middleware: func(*testing.T, testDB) message.HandlerMiddleware {
 			return (&middleware.Deduplicator{}).Middleware
 		},
 		effect: effectViaPool,
@@ -43,7 +42,7 @@ func watermillDefault() contender {
 func watermillByKey() contender {
 	return contender{
 		name: "watermill Deduplicator keyed on Idempotency-Key metadata",
-		middleware: func(*testing.T, *pgtest.DB) message.HandlerMiddleware {
+		middleware: func(*testing.T, testDB) message.HandlerMiddleware {
 			d := &middleware.Deduplicator{KeyFactory: middleware.NewMessageHasherFromMetadataField(idem.HeaderKey)}
 			return d.Middleware
 		},
@@ -55,14 +54,14 @@ func watermillByKey() contender {
 func adapter() contender {
 	return contender{
 		name: "idemwatermill.Middleware",
-		middleware: func(t *testing.T, db *pgtest.DB) message.HandlerMiddleware {
+		middleware: func(t *testing.T, db testDB) message.HandlerMiddleware {
 			return idemwatermill.Middleware(newInst(t, db, ""), idemwatermill.Config{Consumer: consumerName})
 		},
-		effect: func(*pgtest.DB) message.NoPublishHandlerFunc { return effectInTx },
+		effect: func(testDB) message.NoPublishHandlerFunc { return effectInTx },
 	}
 }
 
-func effectViaPool(db *pgtest.DB) message.NoPublishHandlerFunc {
+func effectViaPool(db testDB) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error { return insertEffect(msg.Context(), db.Pool, msg) }
 }
 

@@ -17,11 +17,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/embeddednats"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/pgembed"
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/app/runenv"
-	"github.com/idemkit/idem/internal/embeddednats"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"

@@ -19,8 +19,8 @@ var forbidden = []string{
 	"github.com/ThreeDotsLabs/watermill",
 }
 
-// A probe module that imports every public core package, as an embedder's would,
-// has none of the forbidden modules in `go mod graph`.
+// A probe module that imports every public core package, as an embedder's would
+// (the test kit too), has none of the forbidden modules in `go mod graph`.
 func TestEmbedderModuleGraph(t *testing.T) {
 	_, here, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(here), "..", "..")
@@ -38,6 +38,7 @@ import (
 	_ "github.com/idemkit/idem/client"
 	_ "github.com/idemkit/idem/consumer"
 	_ "github.com/idemkit/idem/dedupe"
+	_ "github.com/idemkit/idem/idemtest"
 	_ "github.com/idemkit/idem/install"
 	_ "github.com/idemkit/idem/migrations"
 	_ "github.com/idemkit/idem/outbox"
@@ -70,4 +71,38 @@ func main() {}
 		t.Errorf("the graph lacks pgx or nats.go, so it is not idem's:\n%s", graph)
 	}
 	t.Logf("the probe's graph has %d edges", strings.Count(graph, "\n"))
+}
+
+// The modules a user requires beside the library import none of the library's
+// internal/ packages, in their code or their tests: Go allows it across module
+// lines (the rule is on import paths), but the library promises nothing there, so
+// a release of the library could break a released sibling.
+func TestUserModulesImportNoInternal(t *testing.T) {
+	_, here, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(here), "..", "..")
+	const internal = "github.com/idemkit/idem/internal/"
+	for _, dir := range []string{"watermill", "embeddednats", "clients/browser"} {
+		cmd := exec.CommandContext(t.Context(), "go", "list", "-test", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./...")
+		cmd.Dir = filepath.Join(root, dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list in %s: %v\n%s", dir, err, out)
+		}
+		pkgs := 0
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) == 0 {
+				continue
+			}
+			pkgs++
+			for _, imp := range fields[1:] {
+				if strings.HasPrefix(imp, internal) {
+					t.Errorf("%s: %s imports %s", dir, fields[0], imp)
+				}
+			}
+		}
+		if pkgs == 0 {
+			t.Errorf("go list in %s listed no package", dir)
+		}
+	}
 }

@@ -23,8 +23,10 @@ const root = "github.com/idemkit/idem"
 // no pseudo-version.
 var release = regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`)
 
-// The modules a user requires; the proof imports each.
-var userModules = []string{root, root + "/idemtest", root + "/watermill"}
+// The modules a user requires; the proof imports each (the library with its test
+// kit idemtest, the Watermill adapter, and the in-process JetStream server that
+// idemtest's cases run on).
+var userModules = []string{root, root + "/watermill", root + "/embeddednats"}
 
 // modFile is the part of `go mod edit -json` the proof reads.
 type modFile struct {
@@ -37,8 +39,8 @@ type modFile struct {
 	Replace []struct{ Old struct{ Path string } }
 }
 
-// A fresh module outside the repository requires the library, idemtest and the
-// Watermill adapter at the version the repository's modules require of each other,
+// A fresh module outside the repository requires the library (idemtest is one of
+// its packages), the Watermill adapter and embeddednats at the version the repository's modules require of each other,
 // resolves them from a module proxy on disk built from a clone tagged at that
 // version (GOWORK=off, GOFLAGS=-mod=mod, no replace anywhere), and runs one
 // idemtest case. The tags exist only in the temporary clone; the clone is of the
@@ -152,7 +154,7 @@ func TestModulesResolveFromAProxyWithoutReplace(t *testing.T) {
 		t.Fatal(err)
 	}
 	write(t, filepath.Join(user, "go.mod"), "module example.com/user\n\ngo 1.26.0\n\nrequire (\n"+
-		"\t"+root+" "+version+"\n\t"+root+"/idemtest "+version+"\n\t"+root+"/watermill "+version+"\n)\n")
+		"\t"+root+" "+version+"\n\t"+root+"/watermill "+version+"\n\t"+root+"/embeddednats "+version+"\n)\n")
 	write(t, filepath.Join(user, "user_test.go"), userTest)
 	realCache := strings.TrimSpace(run(t, tmp, nil, "go", "env", "GOMODCACHE"))
 	env := []string{"GOWORK=off", "GOFLAGS=-mod=mod -modcacherw -trimpath",
@@ -215,7 +217,8 @@ func run(t *testing.T, dir string, env []string, name string, args ...string) st
 }
 
 // userTest is the stranger's test: one idemtest case of an in-transaction handler,
-// with the Watermill adapter linked in.
+// on a JetStream server embeddednats runs in the test, with the Watermill adapter
+// linked in.
 const userTest = `package user
 
 import (
@@ -227,6 +230,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/embeddednats"
 	"github.com/idemkit/idem/idemtest"
 	idemwatermill "github.com/idemkit/idem/watermill"
 )
@@ -234,7 +238,13 @@ import (
 var _ = idemwatermill.Middleware
 
 func TestOnce(t *testing.T) {
+	srv, err := embeddednats.Start(embeddednats.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
 	env := idemtest.New(t, idemtest.Config{
+		NATSURL: srv.URL(),
 		Migrate: func(ctx context.Context, pool *pgxpool.Pool) error {
 			_, err := pool.Exec(ctx, "CREATE TABLE shipments (key text NOT NULL)")
 			return err

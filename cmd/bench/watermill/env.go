@@ -72,7 +72,7 @@ func newEnv(ctx context.Context, label, adminURL string, maxConns int32, keep bo
 	if e.storeDir, err = os.MkdirTemp("", "bench-wm-js-"); err != nil {
 		return e, fmt.Errorf("JetStream store dir: %w", err)
 	}
-	// The embedded server as idem's bench runs it (internal/embeddednats): real
+	// The embedded server as idem's bench runs it (embeddednats): real
 	// nats-server code, JetStream on a file store, the default sync interval (not
 	// SyncAlways), a random loopback port.
 	ns, err := server.NewServer(&server.Options{

@@ -12,7 +12,7 @@ import (
 
 	"github.com/idemkit/idem/cmd/bench/internal/measure"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/embeddednats"
+	"github.com/idemkit/idem/embeddednats"
 	"github.com/idemkit/idem/internal/jsbatch"
 )
 

@@ -1,4 +1,4 @@
-module github.com/idemkit/idem/internal/embeddednats
+module github.com/idemkit/idem/embeddednats
 
 go 1.26.0
 
