@@ -20,7 +20,13 @@
 //   - dedupe: the Postgres inbox, leases for external effects, the lifetime invariant;
 //   - consumer: the JetStream pull engine that runs handlers exactly once per key;
 //   - worker: the composition root that runs all of the above in a service;
+//   - migrations: the idem_* schema, applied under a lock or printed for another tool;
 //   - idemtest: a test kit that proves a user's own handler folds repeats.
+//
+// Beside the library, in modules of their own so that their dependencies stay out
+// of its graph: github.com/idemkit/idem/watermill (the inbox and the outbox for
+// Watermill routers) and github.com/idemkit/idem/embeddednats (a JetStream server
+// in the process, for idemtest's cases and zero-setup runs).
 //
 // docs/ARCHITECTURE.md in the repository describes the design as built.
 package idem

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -200,7 +201,7 @@ func TestBulkReplayGivesEachDeadLetterItsOwnMsgID(t *testing.T) {
 	if err != nil || rep.Count(consumer.ActionReplayed) != 2 {
 		t.Fatalf("Replay = %+v, %v; want both replayed", rep, err)
 	}
-	rl, err := relay.New(env.Inst, relay.Config{})
+	rl, err := relay.New(parts.Of(env.Inst), relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

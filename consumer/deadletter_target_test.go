@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
@@ -64,7 +65,7 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 		}
 		testenv.Go(t, "consumer "+run.cfg.Name, c.Run)
 	}
-	rl, err := relay.New(env.Inst, relay.Config{})
+	rl, err := relay.New(parts.Of(env.Inst), relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -27,7 +28,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	// the relay, so it carries the relay's headers (the replay must not copy them).
 	// The relay reports to the test's installation, not the bundle's observed one,
 	// so its outcomes are not counted as the consumer's.
-	rl, err := relay.New(b.env.Inst, relay.Config{})
+	rl, err := relay.New(parts.Of(b.env.Inst), relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
+	"github.com/idemkit/idem/migrations"
 )
 
 // Config describes an installation. Stream's Name and Subjects are required; the
@@ -123,7 +124,12 @@ func (i *Installation) Observer() idem.Observer { return i.cfg.Observer }
 func init() {
 	parts.RegisterInstallation(func(inst any) parts.Installation {
 		i := inst.(*Installation)
-		return parts.Installation{Store: i.store, Waker: i.waker}
+		return parts.Installation{Pool: i.pool, JS: i.js, Schema: i.Schema(), Stream: i.cfg.Stream.Name,
+			Logger: i.cfg.Logger, Tracer: i.tracer, Observer: i.cfg.Observer,
+			Store: i.store, Waker: i.waker, Identify: i.Identify,
+			SchemaVersions: func(ctx context.Context) (int, int, error) {
+				return migrations.Versions(ctx, i.pool, migrations.Config{Schema: i.cfg.Schema})
+			}}
 	})
 }
 

@@ -285,7 +285,7 @@ func TestBacklog(t *testing.T) {
 	if err != nil || b.Pending != 2 || b.OldestCreatedAt == nil || b.OldestAge < 59*60e9 {
 		t.Fatalf("Backlog = %+v, %v; want 2 pending, the oldest about an hour old", b, err)
 	}
-	r, err := relay.New(env.Inst, relay.Config{})
+	r, err := relay.New(parts.Of(env.Inst), relay.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,10 +40,10 @@ func (w *Worker) chooseRelay(ctx context.Context) error {
 	}
 	cfg := w.cfg.Relay.config(w.cfg)
 	cfg.BehindLog = true
-	if w.relay, err = relay.New(w.inst, cfg); err != nil {
+	if w.relay, err = relay.New(parts.Of(w.inst), cfg); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	if w.logRelay, err = relay.NewLog(w.inst, w.cfg.Relay.config(w.cfg), w.relay.Wake); err != nil {
+	if w.logRelay, err = relay.NewLog(parts.Of(w.inst), w.cfg.Relay.config(w.cfg), w.relay.Wake); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.log.InfoContext(ctx, "relay: log relay (reads committed outbox rows from a logical replication slot): "+why, "relay", relay.ModeLog)

@@ -113,11 +113,11 @@ func New(inst *install.Installation, cfg Config) (*Worker, error) {
 		w.consumers = append(w.consumers, c)
 	}
 	if !cfg.DisableRelay {
-		if w.relay, err = relay.New(inst, cfg.Relay.config(cfg)); err != nil {
+		if w.relay, err = relay.New(parts.Of(inst), cfg.Relay.config(cfg)); err != nil {
 			return nil, fmt.Errorf("worker: %w", err)
 		}
 		if !cfg.DisableReconciler {
-			if w.reconcile, err = reconcile.New(inst, cfg.Reconcile.config(cfg)); err != nil {
+			if w.reconcile, err = reconcile.New(parts.Of(inst), cfg.Reconcile.config(cfg)); err != nil {
 				return nil, fmt.Errorf("worker: %w", err)
 			}
 		}

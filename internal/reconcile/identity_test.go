@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/installation"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/relay"
@@ -226,11 +227,11 @@ func TestADurableBelongsToOneInstallation(t *testing.T) {
 
 	// The other installation's reconciler sees the first's durable ack past its
 	// row (the first consumed it): not a loss of its own.
-	otherRelay, err := relay.New(otherInst, relay.Config{AwaitProof: true})
+	otherRelay, err := relay.New(parts.Of(otherInst), relay.Config{AwaitProof: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherRec, err := reconcile.New(otherInst, reconcile.Config{After: time.Millisecond})
+	otherRec, err := reconcile.New(parts.Of(otherInst), reconcile.Config{After: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,11 +360,11 @@ func TestACopysReconcilerIgnoresTheOriginalsAcks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpRelay, err := relay.New(cpInst, relay.Config{AwaitProof: true})
+	cpRelay, err := relay.New(parts.Of(cpInst), relay.Config{AwaitProof: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpRec, err := reconcile.New(cpInst, reconcile.Config{After: time.Millisecond})
+	cpRec, err := reconcile.New(parts.Of(cpInst), reconcile.Config{After: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

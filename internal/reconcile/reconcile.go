@@ -12,13 +12,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
-	"github.com/idemkit/idem/migrations"
 )
 
 // DefaultAfter is how long a published intent may stay unsettled before the
@@ -95,7 +93,7 @@ func (c Config) withDefaults() Config {
 // Reconciler proves published intents complete and re-drives what the stream lost;
 // see the package documentation.
 type Reconciler struct {
-	inst    *install.Installation
+	inst    parts.Installation
 	pool    *pgxpool.Pool
 	js      jetstream.JetStream
 	cfg     Config
@@ -105,18 +103,18 @@ type Reconciler struct {
 	st      *store.Store
 }
 
-// New returns a reconciler of inst's published rows. It does not touch the
-// database or the broker until Run or Pass.
-func New(inst *install.Installation, cfg Config) (*Reconciler, error) {
+// New returns a reconciler of an installation's published rows (its parts,
+// parts.Of). It does not touch the database or the broker until Run or Pass.
+func New(inst parts.Installation, cfg Config) (*Reconciler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if inst.JetStream() == nil {
+	if inst.JS == nil {
 		return nil, errors.New("reconcile: the installation has no NATS connection")
 	}
 	cfg = cfg.withDefaults()
-	return &Reconciler{inst: inst, pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: inst.Stream().Name,
-		log: inst.Logger().With("component", "reconciler"), observe: inst.Observer(), st: parts.Of(inst).Store}, nil
+	return &Reconciler{inst: inst, pool: inst.Pool, js: inst.JS, cfg: cfg, stream: inst.Stream,
+		log: inst.Logger.With("component", "reconciler"), observe: inst.Observer, st: inst.Store}, nil
 }
 
 // Config returns the configuration with defaults filled in.
@@ -174,15 +172,15 @@ func (p *Report) add(q Report) {
 // returns an error wrapping ErrSchemaAhead.
 func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 	var total Report
-	applied, known, err := migrations.Versions(ctx, r.pool, migrations.Config{Schema: r.inst.Schema()})
+	applied, known, err := r.inst.SchemaVersions(ctx)
 	if err != nil {
 		return total, fmt.Errorf("reconcile: %w", err)
 	}
 	if applied > known {
 		return total, fmt.Errorf("%w: schema %s is at version %d, and this build knows up to %d: upgrade this process",
-			ErrSchemaAhead, r.inst.Schema(), applied, known)
+			ErrSchemaAhead, r.inst.Schema, applied, known)
 	}
-	consumers, err := registry.Registered(ctx, r.pool, r.inst.Schema())
+	consumers, err := registry.Registered(ctx, r.pool, r.inst.Schema)
 	if err != nil {
 		return total, err
 	}
@@ -198,7 +196,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 			// since the last read must not look beyond the stream's end.
 			s := &streamView{js: r.js, name: r.stream, installation: install, anyInstallation: faults.From(ctx).On(faults.AnyInstallation),
 				own: func(ctx context.Context) (installation.State, error) {
-					return installation.Load(ctx, r.pool, r.inst.Schema())
+					return installation.Load(ctx, r.pool, r.inst.Schema)
 				}}
 			rep, last, err := r.batch(ctx, consumers, s, load, after)
 			total.add(rep)

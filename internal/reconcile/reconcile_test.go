@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -51,7 +52,7 @@ func setup(t *testing.T, opts options) *bundle {
 		rc.After = time.Millisecond // every published row is due at once
 	}
 	var err error
-	if b.rec, err = reconcile.New(b.inst, rc); err != nil {
+	if b.rec, err = reconcile.New(parts.Of(b.inst), rc); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -409,7 +410,7 @@ func TestTwoReconcilersRedriveEachRowOnce(t *testing.T) {
 	if err := b.streamHandle(t).Purge(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	other, err := reconcile.New(b.inst, b.rec.Config())
+	other, err := reconcile.New(parts.Of(b.inst), b.rec.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,7 +438,7 @@ func TestTwoReconcilersRedriveEachRowOnce(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	env := testenv.New(t)
-	if _, err := reconcile.New(env.Inst, reconcile.Config{After: -time.Second}); err == nil {
+	if _, err := reconcile.New(parts.Of(env.Inst), reconcile.Config{After: -time.Second}); err == nil {
 		t.Error("New accepted a negative After")
 	}
 	// The stream and the schema are the installation's: refused there, and an
@@ -456,7 +457,7 @@ func TestConfigValidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := reconcile.New(tablesOnly, reconcile.Config{}); err == nil {
+	if _, err := reconcile.New(parts.Of(tablesOnly), reconcile.Config{}); err == nil {
 		t.Error("New accepted an installation without a NATS connection")
 	}
 }

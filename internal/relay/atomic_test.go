@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -141,7 +142,7 @@ func TestRelayAtomicPublishOnAStreamThatRefusesIt(t *testing.T) {
 
 func TestRelayAtomicPublishConfig(t *testing.T) {
 	t.Parallel()
-	if _, err := relay.New(nil, relay.Config{AtomicPublish: true, BatchSize: relay.MaxAtomicBatch + 1}); err == nil {
+	if _, err := relay.New(parts.Installation{}, relay.Config{AtomicPublish: true, BatchSize: relay.MaxAtomicBatch + 1}); err == nil {
 		t.Fatal("New accepted a BatchSize over MaxAtomicBatch with AtomicPublish")
 	}
 	// An atomic batch expects its stream: a relay always has one, since an

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -20,7 +21,7 @@ func BenchmarkRelayBatch(b *testing.B) {
 	const batch = 500
 	env := testenv.New(b)
 	ob := outbox.New(env.Inst)
-	r, err := relay.New(env.Inst, relay.Config{BatchSize: batch})
+	r, err := relay.New(parts.Of(env.Inst), relay.Config{BatchSize: batch})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -17,7 +18,7 @@ import (
 // newRelay is a relay of inst's outbox.
 func newRelay(t *testing.T, inst *install.Installation, cfg relay.Config) *relay.Relay {
 	t.Helper()
-	r, err := relay.New(inst, cfg)
+	r, err := relay.New(parts.Of(inst), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
@@ -83,13 +82,14 @@ const (
 	logStatus = time.Second
 )
 
-// NewLog returns the log relay of inst's outbox. handedOver, if set, is called
-// after rows were handed to the polling relay, to wake it.
-func NewLog(inst *install.Installation, cfg Config, handedOver func()) (*LogRelay, error) {
+// NewLog returns the log relay of an installation's outbox (its parts, parts.Of).
+// handedOver, if set, is called after rows were handed to the polling relay, to
+// wake it.
+func NewLog(inst parts.Installation, cfg Config, handedOver func()) (*LogRelay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if inst.JetStream() == nil {
+	if inst.JS == nil {
 		return nil, errors.New("relay: the installation has no NATS connection")
 	}
 	if len(cfg.OrderedSubjects) > 0 || cfg.AtomicPublish {
@@ -99,11 +99,10 @@ func NewLog(inst *install.Installation, cfg Config, handedOver func()) (*LogRela
 	if handedOver == nil {
 		handedOver = func() {}
 	}
-	stream := inst.Stream().Name
-	return &LogRelay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, schema: inst.Schema(),
-		log: inst.Logger().With("component", "relay", "relay", ModeLog), observe: inst.Observer(), st: parts.Of(inst).Store,
-		pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)}, tracer: otelmsg.Tracer(inst.TracerProvider()),
-		handedOver: handedOver, awaitProof: cfg.AwaitProof, waker: parts.Of(inst).Waker}, nil
+	return &LogRelay{pool: inst.Pool, js: inst.JS, cfg: cfg, stream: inst.Stream, schema: inst.Schema,
+		log: inst.Logger.With("component", "relay", "relay", ModeLog), observe: inst.Observer, st: inst.Store,
+		pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(inst.Stream)}, tracer: otelmsg.Tracer(inst.Tracer),
+		handedOver: handedOver, awaitProof: cfg.AwaitProof, waker: inst.Waker}, nil
 }
 
 // Reading reports whether this relay streams the slot now; the others of the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -19,7 +20,7 @@ import (
 func newLogRelay(t *testing.T, env *testenv.Env, cfg relay.Config) *relay.LogRelay {
 	t.Helper()
 	env.RequireLogRelay(t)
-	l, err := relay.NewLog(env.Inst, cfg, nil)
+	l, err := relay.NewLog(parts.Of(env.Inst), cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func TestLogRelayConfirmsOnlyAfterThePubAck(t *testing.T) {
 				}
 			})
 			env.RequireLogRelay(t)
-			l, err := relay.NewLog(inst, relay.Config{PublishTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond}, nil)
+			l, err := relay.NewLog(parts.Of(inst), relay.Config{PublishTimeout: 500 * time.Millisecond, PollInterval: 100 * time.Millisecond}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -265,12 +266,12 @@ func TestLogRelayHandsOverWhatALostSlotNeverPublished(t *testing.T) {
 			if control {
 				ctx = faults.With(ctx, faults.New().Switch(faults.SkipSlotHandOver))
 			}
-			poll, err := relay.New(env.Inst, relay.Config{BehindLog: true, PollInterval: 50 * time.Millisecond})
+			poll, err := relay.New(parts.Of(env.Inst), relay.Config{BehindLog: true, PollInterval: 50 * time.Millisecond})
 			if err != nil {
 				t.Fatal(err)
 			}
 			testenv.Go(t, "polling relay", poll.Run)
-			second, err := relay.NewLog(env.Inst, relay.Config{}, poll.Wake)
+			second, err := relay.NewLog(parts.Of(env.Inst), relay.Config{}, poll.Wake)
 			if err != nil {
 				t.Fatal(err)
 			}

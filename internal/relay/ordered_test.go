@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -383,7 +384,7 @@ func TestPartitionMatchesTheServersMapping(t *testing.T) {
 
 func TestRelayRefusesBadOrderedSubjects(t *testing.T) {
 	t.Parallel()
-	if _, err := relay.New(nil, relay.Config{OrderedSubjects: []string{"bad..subject"}}); err == nil {
+	if _, err := relay.New(parts.Installation{}, relay.Config{OrderedSubjects: []string{"bad..subject"}}); err == nil {
 		t.Fatal("New accepted an invalid OrderedSubjects filter")
 	}
 }

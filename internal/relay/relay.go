@@ -19,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
@@ -159,26 +158,25 @@ type Relay struct {
 	wake chan struct{}
 }
 
-// New returns a relay of inst's outbox, publishing to its stream: every publish
-// must land in it (jetstream.WithExpectStream), so a subject stored by another
-// stream, or by none, fails instead of being acknowledged by the wrong one. The
-// Outboxes of inst (outbox.New) wake it directly while it runs; rows committed
-// elsewhere wake it by NOTIFY, or its poll.
-func New(inst *install.Installation, cfg Config) (*Relay, error) {
+// New returns a relay of an installation's outbox (its parts, parts.Of), publishing
+// to its stream: every publish must land in it (jetstream.WithExpectStream), so a
+// subject stored by another stream, or by none, fails instead of being
+// acknowledged by the wrong one. The installation's Outboxes (outbox.New) wake it
+// directly while it runs; rows committed elsewhere wake it by NOTIFY, or its poll.
+func New(inst parts.Installation, cfg Config) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if inst.JetStream() == nil {
+	if inst.JS == nil {
 		return nil, errors.New("relay: the installation has no NATS connection")
 	}
 	cfg = cfg.withDefaults()
-	stream := inst.Stream().Name
-	r := &Relay{pool: inst.Pool(), js: inst.JetStream(), cfg: cfg, stream: stream, log: inst.Logger().With("component", "relay"),
-		observe: inst.Observer(), st: parts.Of(inst).Store, waker: parts.Of(inst).Waker, channel: parts.Of(inst).Store.Outbox.Channel,
-		tracer: otelmsg.Tracer(inst.TracerProvider()), pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(stream)},
+	r := &Relay{pool: inst.Pool, js: inst.JS, cfg: cfg, stream: inst.Stream, log: inst.Logger.With("component", "relay"),
+		observe: inst.Observer, st: inst.Store, waker: inst.Waker, channel: inst.Store.Outbox.Channel,
+		tracer: otelmsg.Tracer(inst.Tracer), pubOpts: []jetstream.PublishOpt{jetstream.WithExpectStream(inst.Stream)},
 		wake: make(chan struct{}, 1)}
 	r.cfg.OrderedSubjects = append([]string(nil), cfg.OrderedSubjects...)
-	r.orderedRe, r.lockSalt = filterRegexps(r.cfg.OrderedSubjects), inst.Schema()+"."
+	r.orderedRe, r.lockSalt = filterRegexps(r.cfg.OrderedSubjects), inst.Schema+"."
 	return r, nil
 }
 

@@ -39,7 +39,7 @@ func TestRelayConfigValidate(t *testing.T) {
 		"negative poll":    {PollInterval: -time.Second},
 		"negative timeout": {PublishTimeout: -time.Second},
 	} {
-		if _, err := relay.New(nil, cfg); err == nil {
+		if _, err := relay.New(parts.Installation{}, cfg); err == nil {
 			t.Errorf("%s: New accepted %+v", name, cfg)
 		}
 	}

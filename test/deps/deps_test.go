@@ -106,3 +106,34 @@ func TestUserModulesImportNoInternal(t *testing.T) {
 		}
 	}
 }
+
+// The library's plumbing (internal/, the test kit aside) imports no public package
+// but the root vocabulary: the public packages stand on the plumbing, never the
+// other way round, and the internal services take what they share with the public
+// ones as an internal value (internal/parts) instead of an *install.Installation.
+func TestPlumbingImportsNoPublicPackage(t *testing.T) {
+	_, here, _, _ := runtime.Caller(0)
+	const lib = "github.com/idemkit/idem"
+	cmd := exec.CommandContext(t.Context(), "go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./internal/...")
+	cmd.Dir = filepath.Join(filepath.Dir(here), "..", "..")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	pkgs := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], lib+"/internal/testkit/") {
+			continue
+		}
+		pkgs++
+		for _, imp := range fields[1:] {
+			if strings.HasPrefix(imp, lib+"/") && !strings.HasPrefix(imp, lib+"/internal/") {
+				t.Errorf("%s imports the public package %s", fields[0], imp)
+			}
+		}
+	}
+	if pkgs < 5 {
+		t.Errorf("go list ./internal/... listed %d packages of the plumbing: not the library's", pkgs)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/relay"
 )
@@ -35,17 +36,17 @@ func (e *Env) StartRelays(t testing.TB, inst *install.Installation, cfg relay.Co
 	}
 	r := &Relays{Mode: c.Mode, env: e, inst: inst}
 	if c.Mode == relay.ModePoll {
-		if r.Poll, err = relay.New(inst, cfg); err != nil {
+		if r.Poll, err = relay.New(parts.Of(inst), cfg); err != nil {
 			t.Fatal(err)
 		}
 		return r
 	}
 	behind := cfg
 	behind.BehindLog = true
-	if r.Poll, err = relay.New(inst, behind); err != nil {
+	if r.Poll, err = relay.New(parts.Of(inst), behind); err != nil {
 		t.Fatal(err)
 	}
-	if r.Log, err = relay.NewLog(inst, cfg, r.Poll.Wake); err != nil {
+	if r.Log, err = relay.NewLog(parts.Of(inst), cfg, r.Poll.Wake); err != nil {
 		t.Fatal(err)
 	}
 	Go(t, "log relay", r.Log.Run)

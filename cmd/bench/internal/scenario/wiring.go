@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"
 	idemrelay "github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/worker"
@@ -155,25 +156,25 @@ func newRelay(ctx context.Context, env *benchenv.Env, s relaySpec) (runner, idem
 	inst := observed(env, idem.ComponentRelay, s.Observe)
 	mode, err := relayMode(ctx, env, s)
 	if err != nil || mode == idemrelay.ModePoll {
-		r, nerr := idemrelay.New(inst, cfg)
+		r, nerr := idemrelay.New(parts.Of(inst), cfg)
 		return r, idemrelay.ModePoll, errors.Join(err, nerr)
 	}
 	behind := cfg
 	behind.BehindLog = true
-	poll, err := idemrelay.New(inst, behind)
+	poll, err := idemrelay.New(parts.Of(inst), behind)
 	if err != nil {
 		return nil, "", err
 	}
 	// A first log relay makes the slot and takes the outbox's new rows; the one
 	// the scenario runs reads them from the slot.
-	first, err := idemrelay.NewLog(inst, cfg, nil)
+	first, err := idemrelay.NewLog(parts.Of(inst), cfg, nil)
 	if err != nil {
 		return nil, "", err
 	}
 	if err := readOnce(ctx, first); err != nil {
 		return nil, "", err
 	}
-	log, err := idemrelay.NewLog(inst, cfg, poll.Wake)
+	log, err := idemrelay.NewLog(parts.Of(inst), cfg, poll.Wake)
 	if err != nil {
 		return nil, "", err
 	}
@@ -240,7 +241,7 @@ func (b both) Run(ctx context.Context) error {
 const reconcileEvery = time.Second
 
 func newReconciler(env *benchenv.Env) (runner, error) {
-	return reconcile.New(env.Inst, reconcile.Config{Interval: reconcileEvery})
+	return reconcile.New(parts.Of(env.Inst), reconcile.Config{Interval: reconcileEvery})
 }
 
 // unproven counts the published intents the reconciler has not yet proven
