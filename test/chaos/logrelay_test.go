@@ -130,6 +130,13 @@ func logRelayKilled(t *testing.T, negative bool) idFigures {
 	kill := w.killWhen(w.publishedAtLeast(0, n), r1, r2)
 	keys := w.produce(db, "log", 0, n, idPace, logMessages...)
 	w.logf("produced %d intents; random fault: %s", n, kill())
+	// A relay that starts while the broker is stopped cannot connect and exits, so
+	// the killed relay must be back, and one of the two reading the slot, before
+	// the stop: otherwise nothing reads the rows written during it.
+	w.waitUp(r1, r2)
+	if w.slotReader([]*idSlot{r1, r2}) == nil {
+		t.Fatal("chaos: no relay reads the slot before the broker stops")
+	}
 
 	// Mid-stream, the broker stops answering: what the relay publishes now stays
 	// in its connection, unacknowledged.
