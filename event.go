@@ -130,28 +130,6 @@ const (
 // so it must be fast and safe for concurrent use.
 type Observer func(Event)
 
-// Observers returns an Observer that calls each non-nil observer in order, or nil
-// when there is none.
-func Observers(obs ...Observer) Observer {
-	var live []Observer
-	for _, o := range obs {
-		if o != nil {
-			live = append(live, o)
-		}
-	}
-	switch len(live) {
-	case 0:
-		return nil
-	case 1:
-		return live[0]
-	}
-	return func(e Event) {
-		for _, o := range live {
-			o(e)
-		}
-	}
-}
-
 // Observe calls o with e if o is not nil.
 func (o Observer) Observe(e Event) {
 	if o != nil {

@@ -21,7 +21,9 @@
 //   - consumer: the JetStream pull engine that runs handlers exactly once per key;
 //   - worker: the composition root that runs all of the above in a service;
 //   - migrations: the idem_* schema, applied under a lock or printed for another tool;
-//   - idemtest: a test kit that proves a user's own handler folds repeats.
+//   - idemtest: a test kit that proves a user's own handler folds repeats;
+//   - wire: the message protocol for adapters that publish or consume without
+//     the outbox and the consumer (relay headers, the inbox's message name).
 //
 // Beside the library, in modules of their own so that their dependencies stay out
 // of its graph: github.com/idemkit/idem/watermill (the inbox and the outbox for
@@ -37,6 +39,8 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
+
+	"github.com/idemkit/idem/internal/natssubject"
 )
 
 // Header names used on HTTP requests and JetStream messages.
@@ -60,7 +64,7 @@ const (
 	HeaderReplayFor = "Idem-Replay-For"
 	// HeaderMessage carries the name a producer gave one message of an intent
 	// (Message.Name), set by the relay. Consumers fold deliveries by key and
-	// message (MessageOf), so two messages of one intent on one subject are two
+	// message (wire.MessageOf), so two messages of one intent on one subject are two
 	// deliveries.
 	HeaderMessage = "Idem-Message"
 	// HeaderEnqueuedAt is set by the relay: when the message's outbox row was
@@ -70,39 +74,14 @@ const (
 	HeaderEnqueuedAt = "Idem-Enqueued-At"
 )
 
-// SetByRelay reports whether header name is the relay's own, set from the outbox
-// row: the key, the Msg-Id, the enqueue time, the message's name and the consumers a
-// copy is for. A producer may not set them, and a copy of a delivered message's
-// headers (a dead-letter replay, a handler forwarding metadata) must leave them out,
-// or the copy would be refused, folded into the original by the broker, or skipped
-// by the consumers it is meant for. Names are compared as NATS compares them,
-// exactly.
-func SetByRelay(name string) bool {
-	switch name {
-	case HeaderKey, HeaderMsgID, HeaderEnqueuedAt, HeaderMessage, HeaderReplayFor:
-		return true
-	}
-	return false
-}
-
-// ReservedByBroker reports whether header name is in the broker's own namespace:
-// NATS reads headers that begin with "Nats-" (any case) as instructions to the
-// stream (Nats-Rollup, Nats-TTL, Nats-Expected-Last-Sequence, ...). A producer may
-// not set them, and a copy of a delivered message's headers leaves them out, or a
-// publish could be refused until its row is dead-lettered, or purge other
-// messages of its subject.
-func ReservedByBroker(name string) bool {
-	return len(name) >= 5 && strings.EqualFold(name[:5], "Nats-")
-}
-
-// MaxMessageNameLen is the longest Message.Name accepted, in bytes.
-const MaxMessageNameLen = 128
+// maxMessageNameLen is the longest Message.Name accepted, in bytes.
+const maxMessageNameLen = 128
 
 // ValidateMessageName checks a Message.Name: empty (the subject alone names the
-// message), or 1..MaxMessageNameLen bytes of printable ASCII without spaces.
+// message), or 1..128 bytes of printable ASCII without spaces.
 func ValidateMessageName(name string) error {
-	if len(name) > MaxMessageNameLen {
-		return fmt.Errorf("idem: message name: %d bytes, longer than %d", len(name), MaxMessageNameLen)
+	if len(name) > maxMessageNameLen {
+		return fmt.Errorf("idem: message name: %d bytes, longer than %d", len(name), maxMessageNameLen)
 	}
 	for i := 0; i < len(name); i++ {
 		if c := name[i]; c <= ' ' || c > '~' {
@@ -110,39 +89,6 @@ func ValidateMessageName(name string) error {
 		}
 	}
 	return nil
-}
-
-// MessageOf names one message of an intent, as consumers fold it: the subject, or
-// the subject and the producer's name for it (Message.Name) joined by a space, which
-// neither contains. Two messages of one intent that one consumer reads are two
-// deliveries as long as they differ here.
-func MessageOf(subject, name string) string {
-	if name == "" {
-		return subject
-	}
-	return subject + " " + name
-}
-
-// replayFor splits a HeaderReplayFor value into consumer names.
-func replayFor(value string) []string {
-	if value == "" {
-		return nil
-	}
-	return strings.Split(value, ",")
-}
-
-// IsReplayFor reports whether a message whose HeaderReplayFor is value is for
-// consumer: it names no consumer (it is for every one), or it names this one.
-func IsReplayFor(value, consumer string) bool {
-	if value == "" {
-		return true
-	}
-	for _, name := range replayFor(value) {
-		if name == consumer {
-			return true
-		}
-	}
-	return false
 }
 
 // MaxKeyLen is the longest key (and the longest scope) accepted, in bytes.
@@ -165,7 +111,7 @@ var (
 	ErrFingerprintMismatch = errors.New("idem: same key with a different payload")
 	// ErrBadSubject: a subject is not a literal NATS subject, or a filter is not a
 	// valid subject filter, or a subject lies outside the stream's subjects.
-	ErrBadSubject = errors.New("idem: bad subject")
+	ErrBadSubject = natssubject.ErrBad
 )
 
 // Key is an idempotency key: the name of one user intent. It is minted on the client
@@ -307,7 +253,7 @@ type Message struct {
 	// ValidateMessageName).
 	Name string
 	// Headers are extra headers carried with the message (trace context, say).
-	// The relay's own headers (SetByRelay) are set from the other fields and may
+	// The relay's own headers (wire.IsRelayHeader) are set from the other fields and may
 	// not be here.
 	Headers map[string]string
 	// Payload is the message body.

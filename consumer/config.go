@@ -8,26 +8,27 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/internal/natssubject"
 )
 
 // Defaults applied to zero fields of Config.
 const (
-	// DefaultBatchSize is how many deliveries an in-transaction consumer processes
+	// defaultBatchSize is how many deliveries an in-transaction consumer processes
 	// in one transaction.
-	DefaultBatchSize = 250
-	// DefaultConcurrency is how many batches an in-transaction consumer runs at
+	defaultBatchSize = 250
+	// defaultConcurrency is how many batches an in-transaction consumer runs at
 	// once: one commits while the next is being claimed.
-	DefaultConcurrency = 2
-	// DefaultExternalConcurrency is how many external effects run at once.
-	DefaultExternalConcurrency = 1
-	// DefaultAckWait is how long JetStream waits for an ack before redelivering.
-	DefaultAckWait = 30 * time.Second
+	defaultConcurrency = 2
+	// defaultExternalConcurrency is how many external effects run at once.
+	defaultExternalConcurrency = 1
+	// defaultAckWait is how long JetStream waits for an ack before redelivering.
+	defaultAckWait = 30 * time.Second
 	// DefaultMaxDeliver is how many failed attempts a message gets before it is
 	// dead-lettered.
 	DefaultMaxDeliver = 10
-	// DefaultLeaseFor is how long an external effect's claim outlives a worker that
+	// defaultLeaseFor is how long an external effect's claim outlives a worker that
 	// stopped extending it.
-	DefaultLeaseFor = 30 * time.Second
+	defaultLeaseFor = 30 * time.Second
 	// defaultMaxBufferedBytes bounds the bytes fetched ahead of the handlers.
 	defaultMaxBufferedBytes = 16 << 20
 	// defaultMaxBatchBytes bounds the bytes of one batch.
@@ -60,15 +61,15 @@ type Config struct {
 	External     ExternalHandler
 
 	// BatchSize is the most deliveries processed in one transaction (default
-	// DefaultBatchSize). A batch that is not full waits up to 2ms after its
+	// defaultBatchSize). A batch that is not full waits up to 2ms after its
 	// first message arrived for more to share its transaction; a full one goes at
 	// once. External effects are always performed one at a time.
 	BatchSize int
 	// Concurrency is how many batches (or external effects) run at once (default
-	// DefaultConcurrency, or DefaultExternalConcurrency for External).
+	// 2, or 1 for External: one commits while the next is being claimed).
 	Concurrency int
 	// AckWait is how long JetStream waits for an ack before redelivering (default
-	// DefaultAckWait). Work in progress is kept alive with in-progress heartbeats.
+	// 30s). Work in progress is kept alive with in-progress heartbeats.
 	AckWait time.Duration
 	// MaxDeliver is how many failed attempts a message gets before it is
 	// dead-lettered (default DefaultMaxDeliver).
@@ -81,7 +82,7 @@ type Config struct {
 	// MaxAge and the clients' re-send horizon; the worker package checks it.
 	KeyLifetime time.Duration
 	// LeaseFor, for External, is how long a claim outlives a worker that stops
-	// extending it (default DefaultLeaseFor). It is extended every third of
+	// extending it (default 30s). It is extended every third of
 	// min(LeaseFor, AckWait) while the effect runs, so it bounds how long a crashed
 	// worker delays the retry, not how long the effect may take.
 	LeaseFor time.Duration
@@ -179,7 +180,7 @@ func (c Config) validate() error {
 	case c.External != nil && c.BatchSize > 1:
 		return fmt.Errorf("consumer %s: an External handler performs one effect at a time; BatchSize must be 0 or 1", c.Name)
 	}
-	if err := idem.ValidateFilter(c.Subject); err != nil {
+	if err := natssubject.ValidateFilter(c.Subject); err != nil {
 		return fmt.Errorf("consumer %s: Subject: %w", c.Name, err)
 	}
 	return nil
@@ -197,16 +198,16 @@ func (c Config) WithDefaults() Config {
 	case external:
 		c.BatchSize = 1
 	case c.BatchSize == 0:
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 		if external {
-			c.Concurrency = DefaultExternalConcurrency
+			c.Concurrency = defaultExternalConcurrency
 		}
 	}
 	if c.AckWait == 0 {
-		c.AckWait = DefaultAckWait
+		c.AckWait = defaultAckWait
 	}
 	if c.MaxDeliver == 0 {
 		c.MaxDeliver = DefaultMaxDeliver
@@ -218,7 +219,7 @@ func (c Config) WithDefaults() Config {
 		c.KeyLifetime = dedupe.DefaultLifetime
 	}
 	if c.LeaseFor == 0 {
-		c.LeaseFor = DefaultLeaseFor
+		c.LeaseFor = defaultLeaseFor
 	}
 	if c.linger == 0 {
 		c.linger = batchLinger

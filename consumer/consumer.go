@@ -22,6 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/wire"
 )
 
 // Consumer runs a handler over a durable JetStream pull consumer, exactly once per
@@ -62,12 +63,12 @@ type Consumer struct {
 	registered *binding
 }
 
-// idOf names d in the inbox: its key and its message (idem.MessageOf).
+// idOf names d in the inbox: its key and its message (wire.MessageOf).
 func (c *Consumer) idOf(d *Delivery) dedupe.ID {
 	if c.keyOnly {
 		return dedupe.ID{Key: d.Key, Message: "(any)"}
 	}
-	return dedupe.ID{Key: d.Key, Message: idem.MessageOf(d.Subject, d.Name)}
+	return dedupe.ID{Key: d.Key, Message: wire.MessageOf(d.Subject, d.Name)}
 }
 
 // New returns a consumer of inst: it reads inst's stream, claims in inst's inbox,
@@ -744,7 +745,7 @@ func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
 			c.deadLetter(ctx, d, reason)
 			continue
 		}
-		if !idem.IsReplayFor(d.Headers[idem.HeaderReplayFor], c.cfg.Name) {
+		if !wire.IsReplayFor(d.Headers[idem.HeaderReplayFor], c.cfg.Name) {
 			c.ack(ctx, d)
 			c.observe(idem.OutcomeSkipped, 1, 0)
 			continue

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/otelmsg"
+	"github.com/idemkit/idem/wire"
 )
 
 // deadLetter files d in idem_dead_letters with reason, then terminates it on the
@@ -24,7 +25,7 @@ func (c *Consumer) deadLetter(ctx context.Context, d *Delivery, reason string) {
 		seq = &s
 	}
 	fp := sha256.Sum256(d.Payload)
-	message := idem.MessageOf(d.Subject, d.Name)
+	message := wire.MessageOf(d.Subject, d.Name)
 	tag, err := c.pool.Exec(ctx, c.st.DeadLetters.Insert, c.cfg.Name, d.Key, message, d.Subject, headers, d.Payload, reason, d.Deliveries, seq, fp[:], c.cfg.KeyLifetime)
 	if err != nil {
 		c.log.ErrorContext(ctx, "dead letter could not be written; message left for redelivery", "key", d.Key, "reason", reason, "err", err)

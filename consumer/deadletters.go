@@ -16,6 +16,7 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/wire"
 )
 
 // DeadLetter is one row of idem_dead_letters: a message that can never succeed as it
@@ -24,7 +25,7 @@ type DeadLetter struct {
 	ID       int64  `json:"id"`
 	Consumer string `json:"consumer"`
 	Key      string `json:"key"`
-	// Message names which message of the intent it is (idem.MessageOf): the
+	// Message names which message of the intent it is (wire.MessageOf): the
 	// subject, or the subject and the producer's name for it.
 	Message    string            `json:"message"`
 	Subject    string            `json:"subject"`
@@ -368,7 +369,7 @@ func (d DeadLetter) message() idem.Message {
 	for k, v := range d.Headers {
 		// The relay sets its own headers afresh; the broker's are instructions to
 		// the stream for the original publish, not part of the message.
-		if !idem.SetByRelay(k) && !idem.ReservedByBroker(k) {
+		if !wire.IsRelayHeader(k) && !wire.ReservedByBroker(k) {
 			headers[k] = v
 		}
 	}
@@ -403,11 +404,11 @@ func (d DeadLetter) refusal(force bool, inTransit time.Duration) error {
 	if err := idem.ValidateSubject(d.Subject); err != nil {
 		return fmt.Errorf("%w: subject: %w", ErrReplayRefused, err)
 	}
-	if m := d.message(); idem.MessageOf(m.Subject, m.Name) != d.Message {
+	if m := d.message(); wire.MessageOf(m.Subject, m.Name) != d.Message {
 		return fmt.Errorf("%w: message %q is not of subject %s", ErrReplayRefused, d.Message, d.Subject)
 	}
 	for name, v := range d.message().Headers {
-		if err := idem.ValidateHeader(name, v); err != nil {
+		if err := wire.ValidateHeader(name, v); err != nil {
 			return fmt.Errorf("%w: %w", ErrReplayRefused, err)
 		}
 	}

@@ -5,7 +5,7 @@
 // stream, filtered by Config.Subject). Every delivery carries its intent's scoped key in the
 // Idempotency-Key header; the delivery is claimed in idem_inbox under (consumer,
 // key, message) — the message being its subject, or its subject and the name its
-// producer gave it (idem.MessageOf) — and the effect runs only for a delivery that
+// producer gave it (wire.MessageOf) — and the effect runs only for a delivery that
 // was new. Redeliveries, re-publishes by the relay, re-drives, replays and producer
 // retries all fold into the first result; two messages of one intent are two
 // deliveries.
@@ -99,9 +99,9 @@
 // margin); a handler must stop when its context is cancelled.
 //
 // What it costs: by default one external effect runs at a time per consumer
-// (DefaultExternalConcurrency; raise Concurrency for a slow downstream), and the
+// (Config.Concurrency; raise it for a slow downstream), and the
 // effect of a worker that died mid-way is taken over only when its lease has run
-// out (DefaultLeaseFor, 30s).
+// out (Config.LeaseFor, 30s).
 //
 // The short example is ExternalHandlerFunc's: a confirmation to an HTTP service
 // that honours an Idempotency-Key. Examples that need a database and a broker live

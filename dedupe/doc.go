@@ -3,7 +3,7 @@
 //
 // A delivery is named by its consumer, its intent's scoped key and its message
 // (ID): the message tells apart the messages of one intent that one consumer reads,
-// the subject or the subject and the name its producer gave it (idem.MessageOf).
+// the subject or the subject and the name its producer gave it (wire.MessageOf).
 // A row written before schema v5 has message "" and settles every message of its key.
 //
 // # How a message is folded

@@ -92,7 +92,7 @@ type Querier interface {
 }
 
 // ID names one delivery within a consumer: the intent (its scoped key) and which of
-// the intent's messages it is (idem.MessageOf: the subject, or the subject and the
+// the intent's messages it is (wire.MessageOf: the subject, or the subject and the
 // name the producer gave it). Two messages of one intent are two deliveries; every
 // repeat of one message is the same delivery.
 type ID struct {

@@ -12,23 +12,24 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/natssubject"
+	"github.com/idemkit/idem/wire"
 )
 
 // Timings the kit gives a Case's consumer where the user left them zero, so that a
 // check runs in seconds: the crash-after-commit scenario waits one AckWait for the
 // redelivery, the external takeover one LeaseFor more.
 const (
-	ShortAckWait  = time.Second
-	ShortLeaseFor = time.Second
-	ShortBackoff  = 50 * time.Millisecond
+	shortAckWait  = time.Second
+	shortLeaseFor = time.Second
+	shortBackoff  = 50 * time.Millisecond
 )
 
-// DefaultTimeout bounds each wait of a check (Case.Timeout's default). A wait that
-// runs out fails its scenario; the check does not hang.
-const DefaultTimeout = 30 * time.Second
+// defaultTimeout bounds each wait of a check (Case.Timeout's default).
+const defaultTimeout = 30 * time.Second
 
-// DefaultStream is the stream a check creates when Case.Stream.Name is empty.
-const DefaultStream = "IDEMTEST"
+// defaultStream is the stream a check creates when Case.Stream.Name is empty.
+const defaultStream = "IDEMTEST"
 
 // Case is one handler to check: the user's consumer and one message of the kind it
 // consumes.
@@ -36,11 +37,11 @@ type Case struct {
 	// Consumer is the user's consumer: Name, Subject and exactly one of Handler,
 	// BatchHandler and External. The check runs it in an installation of the
 	// Env's schema on Stream, and shortens AckWait, Backoff and LeaseFor when they
-	// are zero (ShortAckWait, ShortBackoff, ShortLeaseFor). Its log goes to
+	// are zero (to 1s, 50ms and 1s), so that a check runs in seconds. Its log goes to
 	// Config.Logger.
 	Consumer consumer.Config
 	// Stream is the JetStream stream the check creates for its messages, and
-	// deletes when it ends. Name defaults to DefaultStream, Subjects to
+	// deletes when it ends. Name defaults to "IDEMTEST", Subjects to
 	// []string{Consumer.Subject}. It must not exist on the Env yet.
 	Stream install.Stream
 	// Message is what the producer would send: Subject (a literal subject the
@@ -63,7 +64,8 @@ type Case struct {
 	// with Effect.KeyFor, not the scoped key: KeyFor(key, purpose) is that key.
 	// Required: this count is what the check asserts.
 	Effects func(ctx context.Context, pool *pgxpool.Pool, key string) (int, error)
-	// Timeout bounds each wait (default DefaultTimeout).
+	// Timeout bounds each wait (default 30s). A wait that runs out fails its
+	// scenario; the check does not hang.
 	Timeout time.Duration
 }
 
@@ -121,14 +123,14 @@ func newPlan(env *Env, c Case) (*plan, error) {
 		if name == idem.HeaderKey || name == idem.HeaderMsgID {
 			return nil, fmt.Errorf("idemtest: Case.Message.Headers: %s is set by the kit, as the relay sets it; do not set it", name)
 		}
-		if err := idem.ValidateHeader(name, v); err != nil {
+		if err := wire.ValidateHeader(name, v); err != nil {
 			return nil, fmt.Errorf("idemtest: Case.Message.Headers: %w", err)
 		}
 	}
 
 	p := &plan{msg: c.Message, changed: c.Changed, effects: c.Effects, timeout: c.Timeout, external: c.Consumer.External != nil}
 	if p.timeout == 0 {
-		p.timeout = DefaultTimeout
+		p.timeout = defaultTimeout
 	}
 	if p.changed == nil {
 		p.changed = append(bytes.Clone(c.Message.Payload), '!')
@@ -167,25 +169,25 @@ func newPlan(env *Env, c Case) (*plan, error) {
 func (p *plan) fillConsumer(env *Env, c Case) error {
 	cfg := c.Consumer
 	if cfg.AckWait == 0 {
-		cfg.AckWait = ShortAckWait
+		cfg.AckWait = shortAckWait
 	}
 	if cfg.Backoff == nil {
-		cfg.Backoff = func(int) time.Duration { return ShortBackoff }
+		cfg.Backoff = func(int) time.Duration { return shortBackoff }
 	}
 	if cfg.LeaseFor == 0 {
-		cfg.LeaseFor = ShortLeaseFor
+		cfg.LeaseFor = shortLeaseFor
 	}
 	// consumer.New validates the rest (Name, Subject, one handler, sizes) without
 	// touching the broker; any stream will do for that, so the Case's own, which
 	// defaults from the consumer's Subject, is checked after it.
-	probe, err := env.installation(install.Stream{Name: DefaultStream, Subjects: []string{">"}})
+	probe, err := env.installation(install.Stream{Name: defaultStream, Subjects: []string{">"}})
 	if err != nil {
 		return fmt.Errorf("idemtest: %w", err)
 	}
 	if _, err := consumer.New(probe, cfg); err != nil {
 		return fmt.Errorf("idemtest: Case.Consumer: %w", err)
 	}
-	if !idem.SubjectMatches(cfg.Subject, p.msg.Subject) {
+	if !natssubject.Matches(cfg.Subject, p.msg.Subject) {
 		return fmt.Errorf("idemtest: Case.Message.Subject %q is not matched by Case.Consumer.Subject %q: the consumer would never see it",
 			p.msg.Subject, cfg.Subject)
 	}
@@ -195,7 +197,7 @@ func (p *plan) fillConsumer(env *Env, c Case) error {
 
 func (p *plan) fillStream(env *Env, s install.Stream) error {
 	if s.Name == "" {
-		s.Name = DefaultStream
+		s.Name = defaultStream
 	}
 	if len(s.Subjects) == 0 {
 		s.Subjects = []string{p.cfg.Subject}
@@ -204,7 +206,7 @@ func (p *plan) fillStream(env *Env, s install.Stream) error {
 	if err != nil {
 		return fmt.Errorf("idemtest: Case.Stream: %w", err)
 	}
-	if !idem.SubjectUnder(s.Subjects, p.msg.Subject) {
+	if !natssubject.Under(s.Subjects, p.msg.Subject) {
 		return fmt.Errorf("idemtest: Case.Message.Subject %q is outside Case.Stream.Subjects %q", p.msg.Subject, s.Subjects)
 	}
 	p.stream, p.inst = s, inst

@@ -94,7 +94,7 @@
 // Each Env has its own database (idemtest_<random>, dropped by Close WITH
 // (FORCE)) and uses the JetStream server of Config.NATSURL, so parallel tests each
 // take an Env and a server. A check creates its stream (Case.Stream, by default
-// DefaultStream on the consumer's subject) and deletes it when it ends, so checks
+// "IDEMTEST" on the consumer's subject) and deletes it when it ends, so checks
 // run one after another on one Env do not see each other's messages; on one Env
 // they run one at a time.
 //

@@ -18,20 +18,22 @@ import (
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 
-// DefaultDatabaseURL is the Postgres server an Env creates its database on when
+// defaultDatabaseURL is the Postgres server an Env creates its database on when
 // neither Config.DatabaseURL nor $DATABASE_URL is set.
-const DefaultDatabaseURL = pgtest.DefaultURL
+const defaultDatabaseURL = pgtest.DefaultURL
 
 // startTimeout bounds New's call of Start: a Postgres that does not answer fails
 // the test instead of hanging it.
 const startTimeout = 60 * time.Second
 
-// Config describes the environment a check runs in. The zero value is a database on
-// $DATABASE_URL (or DefaultDatabaseURL) with idem's tables in public, no tables of
-// the user's and no broker: set NATSURL before running a check.
+// Config describes the environment a check runs in. The zero value is a database
+// on the server of $DATABASE_URL (or of DatabaseURL's default) with idem's tables
+// in public, no tables of the user's and no broker: set NATSURL before running a
+// check.
 type Config struct {
 	// DatabaseURL names the Postgres server the Env creates its own database on
-	// (default $DATABASE_URL, else DefaultDatabaseURL). Its role must be allowed to
+	// (default $DATABASE_URL, else
+	// postgres://postgres@127.0.0.1:5432/postgres). Its role must be allowed to
 	// CREATE DATABASE. The database named in the URL is only used to connect.
 	DatabaseURL string
 	// Schema is the Postgres schema of the idem_* tables (default public): the

@@ -505,7 +505,7 @@ func TestCaseValidation(t *testing.T) {
 	// removing its store: "error creating store for stream" until it has.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		_, err := env.JS.CreateStream(t.Context(), jetstream.StreamConfig{Name: idemtest.DefaultStream, Subjects: []string{"orders.>"}})
+		_, err := env.JS.CreateStream(t.Context(), jetstream.StreamConfig{Name: "IDEMTEST", Subjects: []string{"orders.>"}})
 		if err == nil {
 			break
 		}
@@ -517,7 +517,7 @@ func TestCaseValidation(t *testing.T) {
 	if _, err := idemtest.Check(t.Context(), env, valid()); err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Errorf("existing stream: err = %v", err)
 	}
-	if _, err := env.JS.Stream(t.Context(), idemtest.DefaultStream); err != nil {
+	if _, err := env.JS.Stream(t.Context(), "IDEMTEST"); err != nil {
 		t.Errorf("the existing stream is gone: %v", err)
 	}
 }

@@ -93,7 +93,7 @@ func New(pool *pgxpool.Pool, nc *nats.Conn, cfg Config) (*Installation, error) {
 // to obs as well as to i's observer: how the worker adds its metrics.
 func (i *Installation) Observing(obs idem.Observer) *Installation {
 	c := &Installation{pool: i.pool, js: i.js, cfg: i.cfg, store: i.store, waker: i.waker, tracer: i.tracer, id: i.ID()}
-	c.cfg.Observer = idem.Observers(i.cfg.Observer, obs)
+	c.cfg.Observer = both(i.cfg.Observer, obs)
 	return c
 }
 
@@ -163,5 +163,19 @@ func (i *Installation) Identify(ctx context.Context) (string, error) {
 	return id, nil
 }
 
-// DefaultStreamMaxAge is the stream's default MaxAge.
-const DefaultStreamMaxAge = 24 * time.Hour
+// defaultStreamMaxAge is the stream's default MaxAge.
+const defaultStreamMaxAge = 24 * time.Hour
+
+// both calls a and then b, skipping a nil one.
+func both(a, b idem.Observer) idem.Observer {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return func(e idem.Event) {
+		a(e)
+		b(e)
+	}
+}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/natssubject"
 )
 
 // Stream describes the installation's stream. Name and Subjects are required; the
@@ -19,7 +19,7 @@ type Stream struct {
 	// Subjects the stream stores, e.g. []string{"orders.>"}. Required. The outbox
 	// refuses at enqueue a subject none of them matches.
 	Subjects []string
-	// MaxAge is how long the stream keeps a message (default DefaultStreamMaxAge).
+	// MaxAge is how long the stream keeps a message (default 24h).
 	// It must be shorter than every consumer's inbox key lifetime: a message older
 	// than every remembered key would run its effect again if redelivered. It
 	// applies when the stream is created; an existing stream keeps its own, and
@@ -34,8 +34,8 @@ type Stream struct {
 	AllowAtomicPublish bool
 }
 
-// DefaultDuplicateWindow is the stream's default Msg-Id de-duplication window.
-const DefaultDuplicateWindow = 2 * time.Minute
+// defaultDuplicateWindow is the stream's default Msg-Id de-duplication window.
+const defaultDuplicateWindow = 2 * time.Minute
 
 // Validate reports a stream the installation cannot use.
 func (s Stream) Validate() error {
@@ -48,7 +48,7 @@ func (s Stream) Validate() error {
 		return fmt.Errorf("install: stream %s: MaxAge, Duplicates and Replicas must not be negative", s.Name)
 	}
 	for _, f := range s.Subjects {
-		if err := idem.ValidateFilter(f); err != nil {
+		if err := natssubject.ValidateFilter(f); err != nil {
 			return fmt.Errorf("install: stream %s: %w", s.Name, err)
 		}
 	}
@@ -59,10 +59,10 @@ func (s Stream) Validate() error {
 // as the worker creates it.
 func (s Stream) WithDefaults() Stream {
 	if s.MaxAge == 0 {
-		s.MaxAge = DefaultStreamMaxAge
+		s.MaxAge = defaultStreamMaxAge
 	}
 	if s.Duplicates == 0 {
-		s.Duplicates = DefaultDuplicateWindow
+		s.Duplicates = defaultDuplicateWindow
 	}
 	if s.Replicas == 0 {
 		s.Replicas = 1

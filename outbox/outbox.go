@@ -17,10 +17,12 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/natssubject"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/store"
 	"github.com/idemkit/idem/internal/wake"
+	"github.com/idemkit/idem/wire"
 )
 
 // ErrTooLarge is returned (wrapped) by Enqueue for a message bigger than the
@@ -92,9 +94,9 @@ func New(inst *install.Installation) *Outbox {
 // valid (idem.ValidateMessageName), and its Payload non-nil. One intent's messages
 // on one subject need distinct names, or a consumer folds them into one delivery.
 // Headers must be valid NATS headers and must not set the relay's own
-// (idem.SetByRelay): the relay derives them from the row, and a caller's own Msg-Id
+// (wire.IsRelayHeader): the relay derives them from the row, and a caller's own Msg-Id
 // would let the broker fold a different intent into this one. Nor may they use the
-// broker's Nats- prefix (idem.ReservedByBroker), which the stream obeys.
+// broker's Nats- prefix (wire.ReservedByBroker), which the stream obeys.
 // Each message gets a producer span (the installation's TracerProvider), whose trace context is
 // added to its headers through the global propagator.
 //
@@ -235,20 +237,20 @@ func (o *Outbox) check(m idem.Message) error {
 	if err := idem.ValidateMessageName(m.Name); err != nil {
 		return err
 	}
-	if len(o.subjects) > 0 && !idem.SubjectUnder(o.subjects, m.Subject) {
+	if len(o.subjects) > 0 && !natssubject.Under(o.subjects, m.Subject) {
 		return fmt.Errorf("%w: %q is outside the stream's subjects %q", idem.ErrBadSubject, m.Subject, o.subjects)
 	}
 	if m.Payload == nil {
 		return errors.New("nil payload")
 	}
 	for name, v := range m.Headers {
-		if idem.SetByRelay(name) {
+		if wire.IsRelayHeader(name) {
 			return fmt.Errorf("header %s is set by the relay; do not set it", name)
 		}
-		if idem.ReservedByBroker(name) {
+		if wire.ReservedByBroker(name) {
 			return fmt.Errorf("header %s is in the broker's reserved Nats- namespace; do not set it", name)
 		}
-		if err := idem.ValidateHeader(name, v); err != nil {
+		if err := wire.ValidateHeader(name, v); err != nil {
 			return err
 		}
 	}

@@ -47,17 +47,18 @@ func (a *answer) respond(outcome idem.Outcome, resp response, replayed bool) {
 	_, _ = a.w.Write(resp.body) // the client may be gone; the record is safe either way
 }
 
-// ErrorBody is the JSON body of every answer the middleware itself gives:
+// errorBody is the JSON body of every answer the middleware itself gives:
 // {"error": "what went wrong, for people", "code": "a_stable_code"}.
-type ErrorBody struct {
+type errorBody struct {
 	Error string `json:"error"`
 	Code  string `json:"code"`
 }
 
-// WriteError writes an ErrorBody with status. Handlers behind the middleware use it
+// WriteError writes the middleware's JSON error body with status:
+// {"error": msg, "code": code}. Handlers behind the middleware use it
 // for their own errors, so that a client parses one format.
 func WriteError(w http.ResponseWriter, status int, code, msg string) {
-	body, _ := json.Marshal(ErrorBody{Error: msg, Code: code})
+	body, _ := json.Marshal(errorBody{Error: msg, Code: code})
 	body = append(body, '\n')
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
@@ -85,7 +86,7 @@ func (a *answer) fail(status int, code, msg string) {
 func (a *answer) busy() {
 	a.log.WarnContext(a.ctx, "producer: too many requests in flight", "max_in_flight", a.m.cfg.MaxInFlight)
 	a.w.Header().Set("Retry-After", "1")
-	a.writeError(idem.OutcomeBusy, http.StatusServiceUnavailable, "too_many_requests_in_flight",
+	a.writeError(idem.OutcomeBusy, http.StatusServiceUnavailable, codeTooManyInFlight,
 		"the service is at its limit of requests in flight and nothing was recorded; retry later with the same Idempotency-Key")
 }
 
@@ -93,7 +94,7 @@ func (a *answer) conflict() {
 	a.log.InfoContext(a.ctx, "producer: key in use past the wait", "wait", a.m.cfg.Wait)
 	secs := int(math.Ceil(a.m.cfg.Wait.Seconds()))
 	a.w.Header().Set("Retry-After", strconv.Itoa(max(secs, 1)))
-	a.writeError(idem.OutcomeConflict, http.StatusConflict, "idempotency_key_in_use",
+	a.writeError(idem.OutcomeConflict, http.StatusConflict, codeKeyInUse,
 		"a request with this Idempotency-Key is still being processed; retry later with the same key")
 }
 
@@ -105,13 +106,13 @@ func (a *answer) dbFailed(err error) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		a.log.ErrorContext(a.ctx, "producer: database error", "err", err)
-		a.writeError(idem.OutcomeUnavailable, http.StatusInternalServerError, "internal_error",
+		a.writeError(idem.OutcomeUnavailable, http.StatusInternalServerError, codeInternalError,
 			"the request failed and was rolled back; retry with the same Idempotency-Key")
 		return
 	}
 	a.log.ErrorContext(a.ctx, "producer: database unavailable", "err", err)
 	a.w.Header().Set("Retry-After", "1")
-	a.writeError(idem.OutcomeUnavailable, http.StatusServiceUnavailable, "database_unavailable",
+	a.writeError(idem.OutcomeUnavailable, http.StatusServiceUnavailable, codeDatabaseUnavailable,
 		"the idempotency store is unavailable and nothing was recorded; retry later with the same Idempotency-Key")
 }
 
@@ -120,7 +121,7 @@ func (a *answer) fromRecord(rec record, fp []byte) {
 	switch {
 	case !bytes.Equal(rec.fingerprint, fp):
 		a.log.InfoContext(a.ctx, "producer: key reused with a different payload")
-		a.writeError(idem.OutcomeMismatch, http.StatusUnprocessableEntity, "idempotency_key_mismatch",
+		a.writeError(idem.OutcomeMismatch, http.StatusUnprocessableEntity, codeKeyMismatch,
 			"this Idempotency-Key was already used with a different method, path or body; mint a new key for a new intent")
 	case rec.status != "done" || rec.code == nil:
 		// Cannot happen with one-transaction requests (a row commits only with its

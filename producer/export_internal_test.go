@@ -5,6 +5,12 @@ import (
 	"time"
 )
 
+// Defaults the external tests check Config's zero fields against.
+const (
+	DefaultWait             = defaultWait
+	DefaultMaxResponseBytes = defaultMaxResponseBytes
+)
+
 // SetClock sets m's wall clock, for tests of a clock that disagrees.
 func SetClock(m *Middleware, now func() time.Time) { m.now = now }
 

@@ -56,12 +56,12 @@ func (m *Middleware) keyAgeRefusal(key idem.Key, now time.Time) (code, msg strin
 	}
 	switch age := now.Sub(minted); {
 	case age > m.keyAgeLimit:
-		return "idempotency_key_expired", fmt.Sprintf("this Idempotency-Key was minted %v ago, longer than this service remembers keys (%v): whether its request already took effect can no longer be told, so it is not executed. "+
+		return codeKeyExpired, fmt.Sprintf("this Idempotency-Key was minted %v ago, longer than this service remembers keys (%v): whether its request already took effect can no longer be told, so it is not executed. "+
 			"Do not re-send this intent under a new key without checking that it did not take effect; mint a new key only for a new intent. "+
 			"If the key was minted just now, the client's clock is about %v behind this service's (%s)",
 			age.Round(time.Second), m.cfg.KeyLifetime, age.Round(time.Second), now.UTC().Format(time.RFC3339)), true
 	case -age > m.keyAgeMargin:
-		return "idempotency_key_clock_skew", fmt.Sprintf("this Idempotency-Key is dated %v ahead of this service's clock (%s), more than the %v allowed: the client's clock is wrong. "+
+		return codeKeyClockSkew, fmt.Sprintf("this Idempotency-Key is dated %v ahead of this service's clock (%s), more than the %v allowed: the client's clock is wrong. "+
 			"Nothing was executed or stored under this key, ever; send the intent again under a key minted on a corrected clock (or one dated by this service's Date header)",
 			(-age).Round(time.Second), now.UTC().Format(time.RFC3339), m.keyAgeMargin), true
 	}

@@ -51,12 +51,12 @@ import (
 const (
 	// DefaultKeyLifetime is how long a stored response is replayed.
 	DefaultKeyLifetime = 48 * time.Hour
-	// DefaultWait is how long a concurrent duplicate waits for the first arrival.
-	DefaultWait = 5 * time.Second
+	// defaultWait is how long a concurrent duplicate waits for the first arrival.
+	defaultWait = 5 * time.Second
 	// DefaultMaxBodyBytes is the largest request body accepted.
 	DefaultMaxBodyBytes = 1 << 20
-	// DefaultMaxResponseBytes is the largest response body stored for replay.
-	DefaultMaxResponseBytes = 1 << 20
+	// defaultMaxResponseBytes is the largest response body stored for replay.
+	defaultMaxResponseBytes = 1 << 20
 	// defaultMaxInFlightWait is how long a request beyond MaxInFlight waits for a
 	// slot before it is refused.
 	defaultMaxInFlightWait = 250 * time.Millisecond
@@ -84,7 +84,7 @@ type Config struct {
 	// Wait is how long a concurrent duplicate waits for the first arrival with the
 	// same key to finish before it gets 409 with Retry-After. It is applied as the
 	// transaction's lock_timeout, so it also bounds the handler's own lock waits.
-	// Keep it well below the HTTP server's WriteTimeout. Default DefaultWait.
+	// Keep it well below the HTTP server's WriteTimeout. Default 5s.
 	Wait time.Duration
 
 	// MaxBodyBytes is the largest request body accepted; a larger one gets 413 and
@@ -97,7 +97,7 @@ type Config struct {
 	// unbounded one would be unbounded storage. A handler that writes more is
 	// rolled back (nothing committed, nothing stored) and the client gets 500
 	// response_too_large: a bug to fix in the handler, not something to truncate
-	// and replay half of. Default DefaultMaxResponseBytes.
+	// and replay half of. Default 1 MiB.
 	MaxResponseBytes int64
 
 	// Scope returns the Idempotency-Scope of a request: the tenant or principal
@@ -139,13 +139,13 @@ func (c Config) WithDefaults() Config {
 		c.KeyLifetime = DefaultKeyLifetime
 	}
 	if c.Wait == 0 {
-		c.Wait = DefaultWait
+		c.Wait = defaultWait
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	if c.MaxResponseBytes == 0 {
-		c.MaxResponseBytes = DefaultMaxResponseBytes
+		c.MaxResponseBytes = defaultMaxResponseBytes
 	}
 	if c.MaxInFlightWait == 0 {
 		c.MaxInFlightWait = defaultMaxInFlightWait
@@ -308,9 +308,9 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		err = idem.ValidateScope(scope)
 	}
 	if err != nil {
-		code := "malformed_idempotency_scope"
+		code := codeMalformedScope
 		if errors.Is(err, errScopeNotAccepted) {
-			code = "idempotency_scope_not_accepted"
+			code = codeScopeNotAccepted
 		}
 		a.reject(http.StatusBadRequest, code, err.Error())
 		return
@@ -335,11 +335,11 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			a.reject(http.StatusRequestEntityTooLarge, "body_too_large",
+			a.reject(http.StatusRequestEntityTooLarge, codeBodyTooLarge,
 				fmt.Sprintf("request body is larger than %d bytes", m.cfg.MaxBodyBytes))
 			return
 		}
-		a.reject(http.StatusBadRequest, "unreadable_body", "reading request body: "+err.Error())
+		a.reject(http.StatusBadRequest, codeUnreadableBody, "reading request body: "+err.Error())
 		return
 	}
 	fp := fingerprint(r.Method, r.URL.RequestURI(), body)
@@ -397,14 +397,14 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	capture := newCapture(m.cfg.MaxResponseBytes)
 	if !a.runHandler(next, capture, r.WithContext(withIntent(ctx, intent))) {
 		a.end(tx)
-		a.fail(http.StatusInternalServerError, "internal_error",
+		a.fail(http.StatusInternalServerError, codeInternalError,
 			"the request failed and was rolled back; retry with the same Idempotency-Key")
 		return
 	}
 	if capture.overflow {
 		a.end(tx)
 		a.log.ErrorContext(ctx, "producer: handler response exceeds MaxResponseBytes; rolled back", "limit", m.cfg.MaxResponseBytes)
-		a.fail(http.StatusInternalServerError, "response_too_large",
+		a.fail(http.StatusInternalServerError, codeResponseTooLarge,
 			fmt.Sprintf("the handler's response is larger than the %d bytes that can be stored for replay; the request was rolled back", m.cfg.MaxResponseBytes))
 		return
 	}
@@ -491,20 +491,20 @@ func (m *Middleware) enter(ctx context.Context) bool {
 func parseKeyHeader(values []string) (idem.Key, string, error) {
 	switch len(values) {
 	case 0:
-		return "", "missing_idempotency_key",
+		return "", codeMissingKey,
 			fmt.Errorf("this request changes state and needs an %s header (1..%d printable ASCII bytes, e.g. a UUID minted by the client)", idem.HeaderKey, idem.MaxKeyLen)
 	case 1:
 	default:
-		return "", "malformed_idempotency_key", fmt.Errorf("%d %s headers, want exactly one", len(values), idem.HeaderKey)
+		return "", codeMalformedKey, fmt.Errorf("%d %s headers, want exactly one", len(values), idem.HeaderKey)
 	}
 	if values[0] == "" {
 		// A present but empty header is a malformed key, not a missing one: the
 		// client tried to send a key and got it wrong.
-		return "", "malformed_idempotency_key", fmt.Errorf("%s header is empty", idem.HeaderKey)
+		return "", codeMalformedKey, fmt.Errorf("%s header is empty", idem.HeaderKey)
 	}
 	key, err := idem.ParseKey(values[0])
 	if err != nil {
-		return "", "malformed_idempotency_key", err
+		return "", codeMalformedKey, err
 	}
 	return key, "", nil
 }

@@ -17,6 +17,6 @@ const notConfiguredMsg = "this route is behind a nil *producer.Middleware, which
 func notConfigured() http.Handler {
 	slog.Default().Error("producer: " + notConfiguredMsg)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, http.StatusInternalServerError, "ingress_not_configured", notConfiguredMsg)
+		WriteError(w, http.StatusInternalServerError, codeNotConfigured, notConfiguredMsg)
 	})
 }

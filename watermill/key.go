@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/dedupe"
+	"github.com/idemkit/idem/wire"
 )
 
 // keyOf returns the scoped idempotency key a message carries in its metadata:
@@ -46,7 +47,7 @@ func deliveryOf(ctx context.Context, key string, md message.Metadata) (dedupe.ID
 	id := dedupe.ID{Key: key, Message: name}
 	switch topic := message.SubscribeTopicFromCtx(ctx); {
 	case topic != "":
-		id.Message = idem.MessageOf(topic, name)
+		id.Message = wire.MessageOf(topic, name)
 	case name == "":
 		id.Message = "-"
 	}

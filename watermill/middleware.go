@@ -15,6 +15,7 @@ import (
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/wire"
 )
 
 // NewMiddleware returns a router middleware that runs each message's handler inside
@@ -88,7 +89,7 @@ func (in *inbox) handle(next message.HandlerFunc, msg *message.Message) ([]*mess
 		return nil, fmt.Errorf("idemwatermill: message %s: %w", msg.UUID, err)
 	}
 	log = log.With("key", key)
-	if !idem.IsReplayFor(msg.Metadata.Get(idem.HeaderReplayFor), in.cfg.Consumer) {
+	if !wire.IsReplayFor(msg.Metadata.Get(idem.HeaderReplayFor), in.cfg.Consumer) {
 		// A copy for other consumers (a dead-letter replay, a re-drive): this one
 		// settled the message already, and its inbox may have forgotten the key.
 		log.DebugContext(ctx, "copy for other consumers skipped", "for", msg.Metadata.Get(idem.HeaderReplayFor))

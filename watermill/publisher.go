@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/wire"
 )
 
 // OutboxPublisher is a Watermill message.Publisher that writes messages into idem's
@@ -36,7 +37,7 @@ import (
 //     broker fold the new message into that one inside its duplicate window, and
 //     the outbox refuses a caller-set Msg-Id. Handlers that copy the incoming
 //     metadata onto their messages (trace ids, correlation ids) need not filter it.
-//   - every other metadata entry: a header (idem.ValidateHeader).
+//   - every other metadata entry: a header (wire.ValidateHeader).
 //
 // A message that cannot be mapped, or that the outbox refuses before writing (a
 // subject outside the stream's subjects), is refused with a permanent error (see
@@ -125,7 +126,7 @@ func enqueue(ctx context.Context, ob *outbox.Outbox, tx pgx.Tx, subject string, 
 // handler that copies a consumed message's metadata would otherwise carry them);
 // the broker's Nats- headers are instructions to the stream, never forwarded.
 func dropped(name string) bool {
-	return name == idem.HeaderScope || idem.SetByRelay(name) || idem.ReservedByBroker(name)
+	return name == idem.HeaderScope || wire.IsRelayHeader(name) || wire.ReservedByBroker(name)
 }
 
 // toIdem maps one Watermill message onto an outbox message.
@@ -139,7 +140,7 @@ func toIdem(subject string, m *message.Message) (idem.Message, error) {
 		if dropped(k) {
 			continue
 		}
-		if err := idem.ValidateHeader(k, v); err != nil {
+		if err := wire.ValidateHeader(k, v); err != nil {
 			return idem.Message{}, fmt.Errorf("metadata: %w", err)
 		}
 		headers[k] = v

@@ -12,9 +12,9 @@ import (
 	"github.com/idemkit/idem/producer"
 )
 
-// DefaultClientResendHorizon is how long idem's client keeps re-sending a pending
+// defaultClientResendHorizon is how long idem's client keeps re-sending a pending
 // intent with its key before it reports it expired (client.DefaultKeyLifetime).
-const DefaultClientResendHorizon = 24 * time.Hour
+const defaultClientResendHorizon = 24 * time.Hour
 
 // Config says what a Worker runs and tunes it. What the installation shares (the
 // pool, the stream, the schema, the logger, the tracer, the observer) is the
@@ -62,7 +62,7 @@ type Config struct {
 	DisableRetention bool
 
 	// ClientResendHorizon is how long clients keep re-sending a pending intent
-	// with the same key (default DefaultClientResendHorizon). Request and inbox key
+	// with the same key (default 24h, client.DefaultKeyLifetime). Request and inbox key
 	// lifetimes must both exceed it.
 	ClientResendHorizon time.Duration
 }
@@ -134,7 +134,7 @@ type RetentionConfig struct {
 	// Interval between collection rounds (default 1m).
 	Interval time.Duration
 	// DeadLetters is how long a dead letter is kept after it was filed (default
-	// DefaultDeadLetterRetention); it is kept anyway until its replay horizon has
+	// 30 days); it is kept anyway until its replay horizon has
 	// passed.
 	DeadLetters time.Duration
 	// Published is how long a published outbox row is kept when no reconciler
@@ -198,7 +198,7 @@ func (c Config) validate() error {
 
 func (c Config) withDefaults() Config {
 	if c.ClientResendHorizon == 0 {
-		c.ClientResendHorizon = DefaultClientResendHorizon
+		c.ClientResendHorizon = defaultClientResendHorizon
 	}
 	c.Retention = c.Retention.withDefaults()
 	if c.Relay.MaxSlotLag == 0 {

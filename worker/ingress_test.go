@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit/testenv"
-	"github.com/idemkit/idem/producer"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -51,7 +50,7 @@ func TestIngressLeftOutSaysSo(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s through a nil Ingress: %v", method, err)
 		}
-		var body producer.ErrorBody
+		var body struct{ Error, Code string }
 		err = json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != http.StatusInternalServerError || body.Code != "ingress_not_configured" ||

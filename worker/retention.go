@@ -17,11 +17,11 @@ import (
 	"github.com/idemkit/idem/internal/pgschema"
 )
 
-// DefaultDeadLetterRetention is how long a dead letter is kept after it was filed,
+// defaultDeadLetterRetention is how long a dead letter is kept after it was filed,
 // replayed or not. A dead letter is also kept, however old, until its replay
 // horizon (when its consumer's inbox may forget the key) has passed: the record of
 // a message must not vanish while replaying it is still allowed.
-const DefaultDeadLetterRetention = 30 * 24 * time.Hour
+const defaultDeadLetterRetention = 30 * 24 * time.Hour
 
 // collector deletes expired rows from idem_inbox, idem_requests, idem_outbox
 // (published rows only) and idem_dead_letters in bounded batches. Retention keeps
@@ -180,7 +180,7 @@ func (c RetentionConfig) deadLetterRetention() time.Duration {
 	if c.DeadLetters > 0 {
 		return c.DeadLetters
 	}
-	return DefaultDeadLetterRetention
+	return defaultDeadLetterRetention
 }
 
 // run collects every Interval until ctx is cancelled.

@@ -7,8 +7,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkit/idem/internal/natssubject"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/wire"
 
 	"github.com/jackc/pgx/v5"
 
@@ -77,7 +79,7 @@ type Request struct {
 type OutboxRow struct {
 	ID      int64  `json:"id"`
 	Subject string `json:"subject"`
-	// Message names which message of the intent it is (idem.MessageOf): the
+	// Message names which message of the intent it is (wire.MessageOf): the
 	// subject, or the subject and the name its producer gave it.
 	Message     string            `json:"message"`
 	MsgID       string            `json:"msg_id"`
@@ -156,7 +158,7 @@ func (o OutboxRow) Summary() string {
 // InboxRow is one consumer's claim of one message of the key in idem_inbox.
 type InboxRow struct {
 	Consumer string `json:"consumer"`
-	// Message is the message claimed (idem.MessageOf), or "" for a row written
+	// Message is the message claimed (wire.MessageOf), or "" for a row written
 	// before schema v5, which stands for every message of the key.
 	Message       string     `json:"message"`
 	Status        string     `json:"status"` // "done", or "leased" while an external effect is under way
@@ -264,7 +266,7 @@ func deliveries(m *OutboxRow, consumers []registry.Consumer, inbox []InboxRow, d
 		// Not published yet (or before schema v4): whoever reads the subject.
 		expected = nil
 		for _, c := range consumers {
-			if idem.SubjectMatches(c.FilterSubject, m.Subject) && idem.IsReplayFor(replayFor, c.Name) {
+			if natssubject.Matches(c.FilterSubject, m.Subject) && wire.IsReplayFor(replayFor, c.Name) {
 				expected = append(expected, c)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/installation"
+	"github.com/idemkit/idem/internal/natssubject"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
@@ -58,7 +59,7 @@ type Config struct {
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
 	for _, f := range c.Trusted {
-		if err := idem.ValidateFilter(f); err != nil {
+		if err := natssubject.ValidateFilter(f); err != nil {
 			return fmt.Errorf("reconcile: Trusted: %w", err)
 		}
 	}
@@ -225,7 +226,7 @@ func (r *Reconciler) Pass(ctx context.Context) (Report, error) {
 type unproven struct {
 	id                int64
 	key, subject      string
-	message           string // idem.MessageOf its subject and name
+	message           string // wire.MessageOf its subject and name
 	msgID, replayFor  string
 	seq               int64
 	generation        int
@@ -270,7 +271,7 @@ func (r *Reconciler) batch(ctx context.Context, consumers []registry.Consumer, s
 	var alertHorizon []time.Duration
 	for _, u := range rows {
 		switch {
-		case idem.SubjectUnder(r.cfg.Trusted, u.subject):
+		case natssubject.Under(r.cfg.Trusted, u.subject):
 			complete = append(complete, u.id)
 			continue
 		case len(u.expected) > 0 && len(u.missing) == 0:

@@ -15,7 +15,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/natssubject"
 	"github.com/idemkit/idem/internal/store"
+	"github.com/idemkit/idem/wire"
 )
 
 // Consumer is a consumer as it registered itself in idem_consumers when it started
@@ -66,7 +68,7 @@ const SeenEvery = time.Minute
 
 // Reads reports whether c must settle a message published on subject into stream.
 func (c Consumer) Reads(stream, subject string) bool {
-	return c.Stream == stream && idem.SubjectMatches(c.FilterSubject, subject)
+	return c.Stream == stream && natssubject.Matches(c.FilterSubject, subject)
 }
 
 // Expects reports whether c must settle a message on subject in stream whose
@@ -75,7 +77,7 @@ func (c Consumer) Reads(stream, subject string) bool {
 // consumers it names, and the others ack it without an effect), and the intent is
 // within c's responsibility (written at or after StartsAt).
 func (c Consumer) Expects(stream, subject, replayFor string, written time.Time) bool {
-	return c.Reads(stream, subject) && idem.IsReplayFor(replayFor, c.Name) && (c.StartsAt == nil || !written.Before(*c.StartsAt))
+	return c.Reads(stream, subject) && wire.IsReplayFor(replayFor, c.Name) && (c.StartsAt == nil || !written.Before(*c.StartsAt))
 }
 
 // Querier is what the read-only functions need of a pool, connection or
@@ -168,7 +170,7 @@ func Register(ctx context.Context, db Querier, schema string, c Consumer, startN
 	if err := ValidateName(c.Name); err != nil {
 		return Registration{}, err
 	}
-	if err := idem.ValidateFilter(c.FilterSubject); err != nil {
+	if err := natssubject.ValidateFilter(c.FilterSubject); err != nil {
 		return Registration{}, fmt.Errorf("registry: register %s: %w", c.Name, err)
 	}
 	if c.Stream == "" || c.KeyLifetime <= 0 || c.Redelivery < 0 {
@@ -217,8 +219,10 @@ func Forget(ctx context.Context, db Execer, schema, name string) (bool, error) {
 }
 
 // ErrStillRunning is wrapped by Rename's error when the consumer to rename was
-// seen lately: a consumer must be stopped everywhere before it is renamed.
-var ErrStillRunning = errors.New("registry: consumer still running")
+// seen lately: a consumer must be stopped everywhere before it is renamed. It is
+// consumer.ErrStillRunning too, so its text names no package: the error it is
+// wrapped in says which consumer and what to do.
+var ErrStillRunning = errors.New("still running")
 
 // Beginner is what Rename needs of a pool or connection: its own transaction.
 type Beginner interface {

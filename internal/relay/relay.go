@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/natssubject"
 	"github.com/idemkit/idem/internal/otelmsg"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/store"
@@ -121,7 +122,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("relay: BatchSize %d is more than an atomic batch takes (MaxAtomicBatch, %d)", c.BatchSize, MaxAtomicBatch)
 	}
 	for _, f := range c.OrderedSubjects {
-		if err := idem.ValidateFilter(f); err != nil {
+		if err := natssubject.ValidateFilter(f); err != nil {
 			return fmt.Errorf("relay: OrderedSubjects: %w", err)
 		}
 	}
@@ -531,7 +532,7 @@ func (r *Relay) replayHorizons(ctx context.Context, tx pgx.Tx, batch []outboxRow
 		}
 		h, found := time.Duration(0), false
 		for _, rd := range readers {
-			if l := time.Duration(rd.lifetime * float64(time.Second)); idem.SubjectMatches(rd.filter, subjects[id]) && (!found || l < h) {
+			if l := time.Duration(rd.lifetime * float64(time.Second)); natssubject.Matches(rd.filter, subjects[id]) && (!found || l < h) {
 				h, found = l, true
 			}
 		}

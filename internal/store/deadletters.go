@@ -12,7 +12,7 @@ const (
 	// the delivery, now plus its KeyLifetime — or sooner, when the inbox already
 	// holds it (a fingerprint mismatch: that row expires first, and a replay after
 	// it would no longer be folded). expires_at stays NULL: retention is the
-	// collector's policy (worker.DefaultDeadLetterRetention after created_at, and
+	// collector's policy (worker.RetentionConfig.DeadLetters after created_at, and
 	// never before inbox_expires_at), so it can change without rewriting rows.
 	sqlDeadlettersInsert = `
 INSERT INTO idem_dead_letters (consumer, key, message, subject, headers, payload, reason, deliveries, stream_seq, fingerprint, inbox_expires_at)

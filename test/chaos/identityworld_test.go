@@ -23,9 +23,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/migrations"
+	"github.com/idemkit/idem/wire"
 )
 
 // The identity cases (identity_test.go) run the purpose-built worker idworker
@@ -541,7 +541,7 @@ func (w *idWorld) killWhen(when func() bool, slots ...*idSlot) func() string {
 
 // delivery names one delivery as the checker counts it: the consumer (after
 // aliases: a renamed consumer's two names are one), the intent's key and its
-// message (idem.MessageOf).
+// message (wire.MessageOf).
 type delivery struct{ consumer, key, message string }
 
 // expectation is what a case must end with: for each delivery, whether it must
@@ -562,7 +562,7 @@ func (e *expectation) add(consumer string, once bool, keys []string, messages ..
 	for _, k := range keys {
 		for _, m := range messages {
 			subject, name, _ := strings.Cut(m, ":")
-			e.want[delivery{consumer, k, idem.MessageOf(subject, name)}] = once
+			e.want[delivery{consumer, k, wire.MessageOf(subject, name)}] = once
 		}
 	}
 }

@@ -108,13 +108,15 @@ func TestUserModulesImportNoInternal(t *testing.T) {
 }
 
 // The library's plumbing (internal/, the test kit aside) imports no public package
-// but the root vocabulary: the public packages stand on the plumbing, never the
-// other way round, and the internal services take what they share with the public
+// but the vocabulary, the root package and wire (the message format's, which
+// imports nothing of idem's but the root): the public packages stand on the
+// plumbing, never the other way round, and the internal services take what they share with the public
 // ones as an internal value (internal/parts) instead of an *install.Installation.
 func TestPlumbingImportsNoPublicPackage(t *testing.T) {
 	_, here, _, _ := runtime.Caller(0)
 	const lib = "github.com/idemkit/idem"
-	cmd := exec.CommandContext(t.Context(), "go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./internal/...")
+	vocabulary := map[string]bool{lib + "/wire": true}
+	cmd := exec.CommandContext(t.Context(), "go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./internal/...", "./wire")
 	cmd.Dir = filepath.Join(filepath.Dir(here), "..", "..")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -128,7 +130,11 @@ func TestPlumbingImportsNoPublicPackage(t *testing.T) {
 		}
 		pkgs++
 		for _, imp := range fields[1:] {
-			if strings.HasPrefix(imp, lib+"/") && !strings.HasPrefix(imp, lib+"/internal/") {
+			if vocabulary[fields[0]] && strings.HasPrefix(imp, lib+"/") {
+				t.Errorf("the vocabulary package %s imports %s: it may import the root package only", fields[0], imp)
+				continue
+			}
+			if strings.HasPrefix(imp, lib+"/") && !strings.HasPrefix(imp, lib+"/internal/") && !vocabulary[imp] {
 				t.Errorf("%s imports the public package %s", fields[0], imp)
 			}
 		}

@@ -77,7 +77,7 @@ type Config struct {
 	Reconcile worker.ReconcileConfig
 	Ingress   producer.Config
 	Retention worker.RetentionConfig
-	// ClientResendHorizon (default worker.DefaultClientResendHorizon).
+	// ClientResendHorizon (default 24h, as worker.Config.ClientResendHorizon).
 	ClientResendHorizon time.Duration
 
 	// Logger defaults to slog.Default().

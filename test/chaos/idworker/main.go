@@ -43,6 +43,7 @@ import (
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/outbox"
+	"github.com/idemkit/idem/wire"
 	"github.com/idemkit/idem/worker"
 )
 
@@ -216,7 +217,7 @@ func externalEffect(name string, pool *pgxpool.Pool, took time.Duration, log *sl
 		log.Info("idworker: external effect started", "consumer", name, "key", e.Key)
 		time.Sleep(took)
 		_, err := pool.Exec(context.WithoutCancel(ctx), `INSERT INTO chaos_effects (consumer, key, message, payload) VALUES ($1, $2, $3, $4)`,
-			name, e.Key, idem.MessageOf(e.Subject, e.Name), e.Payload)
+			name, e.Key, wire.MessageOf(e.Subject, e.Name), e.Payload)
 		if err != nil {
 			return nil, err
 		}
@@ -237,7 +238,7 @@ func effect(name string) consumer.Handler {
 			return nil, errors.New("idworker: the handler's bug: this key is in chaos_broken")
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO chaos_effects (consumer, key, message, payload) VALUES ($1, $2, $3, $4)`,
-			name, d.Key, idem.MessageOf(d.Subject, d.Name), d.Payload)
+			name, d.Key, wire.MessageOf(d.Subject, d.Name), d.Payload)
 		return nil, err
 	})
 }
@@ -289,7 +290,7 @@ func produce(args []string) error {
 		for _, m := range messages {
 			subject, name, _ := strings.Cut(m, ":")
 			msgs = append(msgs, idem.Message{Key: key, Subject: subject, Name: name,
-				Payload: fmt.Appendf(nil, `{"key":%q,"message":%q}`, key, idem.MessageOf(subject, name))})
+				Payload: fmt.Appendf(nil, `{"key":%q,"message":%q}`, key, wire.MessageOf(subject, name))})
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return ob.Enqueue(ctx, tx, msgs...) }); err != nil {
 			return fmt.Errorf("produce %s: %w", key, err)

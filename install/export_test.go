@@ -1,0 +1,7 @@
+package install
+
+// Defaults the external tests check a stream's zero fields against.
+const (
+	DefaultStreamMaxAge    = defaultStreamMaxAge
+	DefaultDuplicateWindow = defaultDuplicateWindow
+)
