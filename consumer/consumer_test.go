@@ -17,6 +17,7 @@ import (
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
+	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
@@ -73,9 +74,17 @@ func (b *bundle) startCtx(t *testing.T, ctx context.Context, cfg consumer.Config
 
 func payload(i int) []byte { return fmt.Appendf(nil, `{"n":%d}`, i) }
 
+// Validation needs neither store: the installation's pool and connection lead
+// nowhere, so a New that queried Postgres or asked JetStream would fail the
+// valid cases.
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
+	pool, nc := pgtest.Unreachable(t), natstest.Unreachable(t)
+	stream := install.Stream{Name: testenv.Stream, Subjects: []string{testenv.Subjects}}
+	inst, err := install.New(pool, nc, install.Config{Stream: stream})
+	if err != nil {
+		t.Fatal(err)
+	}
 	bh := testenv.Effect{}
 	h := consumer.HandlerFunc(func(context.Context, pgx.Tx, *consumer.Delivery) ([]byte, error) { return nil, nil })
 	ext := consumer.ExternalHandlerFunc(func(context.Context, *consumer.Effect) ([]byte, error) { return nil, nil })
@@ -110,7 +119,7 @@ func TestConfigValidate(t *testing.T) {
 		{"external batch", base(func(c *consumer.Config) { c.BatchHandler, c.External, c.BatchSize = nil, ext, 10 }), "one effect at a time"},
 	}
 	for _, tc := range cases {
-		_, err := consumer.New(env.Inst, tc.cfg)
+		_, err := consumer.New(inst, tc.cfg)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: rejected: %v", tc.name, err)
@@ -123,18 +132,17 @@ func TestConfigValidate(t *testing.T) {
 	// The pool, the schema and the stream are the installation's, which refuses
 	// what no consumer could use; a consumer refuses an installation without a
 	// NATS connection.
-	stream := env.Inst.Stream()
 	for name, tc := range map[string]struct {
 		pool *pgxpool.Pool
 		cfg  install.Config
 		want string
 	}{
-		"other schema": {env.DB.Pool, install.Config{Schema: "idem_app", Stream: stream}, ""},
+		"other schema": {pool, install.Config{Schema: "idem_app", Stream: stream}, ""},
 		"nil pool":     {nil, install.Config{Stream: stream}, "pool is required"},
-		"bad schema":   {env.DB.Pool, install.Config{Schema: "Idem-App", Stream: stream}, "schema"},
-		"no stream":    {env.DB.Pool, install.Config{Stream: install.Stream{Subjects: stream.Subjects}}, "Stream.Name is required"},
+		"bad schema":   {pool, install.Config{Schema: "Idem-App", Stream: stream}, "schema"},
+		"no stream":    {pool, install.Config{Stream: install.Stream{Subjects: stream.Subjects}}, "Stream.Name is required"},
 	} {
-		_, err := install.New(tc.pool, env.NC, tc.cfg)
+		_, err := install.New(tc.pool, nc, tc.cfg)
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("installation %s: rejected: %v", name, err)
@@ -144,7 +152,7 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("installation %s: err = %v, want it to mention %q", name, err, tc.want)
 		}
 	}
-	tablesOnly, err := install.New(env.DB.Pool, nil, install.Config{Stream: stream})
+	tablesOnly, err := install.New(pool, nil, install.Config{Stream: stream})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +170,7 @@ func TestConfigValidate(t *testing.T) {
 	if in.BatchSize != consumer.DefaultBatchSize || in.Concurrency != consumer.DefaultConcurrency {
 		t.Errorf("in-transaction defaults not filled in: %+v", in)
 	}
-	c, err := consumer.New(env.Inst, cases[0].cfg)
+	c, err := consumer.New(inst, cases[0].cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -167,12 +167,31 @@ func effects(t *testing.T, db testDB) int {
 // outbox only read and write the tables.
 func newInst(t *testing.T, db testDB, schema string) *install.Installation {
 	t.Helper()
-	inst, err := install.New(db.Pool, nil, install.Config{Schema: schema,
+	return installOn(t, db.Pool, schema)
+}
+
+// installOn is newInst on any pool: unreachablePool's, for a test that shows a
+// setup step queries nothing.
+func installOn(t *testing.T, pool *pgxpool.Pool, schema string) *install.Installation {
+	t.Helper()
+	inst, err := install.New(pool, nil, install.Config{Schema: schema,
 		Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}, Logger: quiet()})
 	if err != nil {
 		t.Fatalf("new installation: %v", err)
 	}
 	return inst
+}
+
+// unreachablePool is a pool of a server that is not there (port 1 of the
+// loopback), closed at cleanup: any query on it fails.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://idem@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 // newOutbox returns the service's outbox on db (idem's tables in public): messages

@@ -407,8 +407,8 @@ func TestKeyLifetime(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	db := newDB(t, "")
-	inst := newInst(t, db, "")
+	pool := unreachablePool(t) // validation queries nothing
+	inst := installOn(t, pool, "")
 	cases := []struct {
 		name string
 		cfg  idemwatermill.Config
@@ -439,7 +439,7 @@ func TestConfigValidation(t *testing.T) {
 		}()
 	}
 	// The schema is the installation's: a bad one is refused there.
-	if _, err := install.New(db.Pool, nil, install.Config{Schema: "Idem-Tables",
+	if _, err := install.New(pool, nil, install.Config{Schema: "Idem-Tables",
 		Stream: install.Stream{Name: streamName, Subjects: []string{streamSubjects}}}); err == nil {
 		t.Error("install.New accepted a bad schema")
 	}
@@ -455,7 +455,7 @@ func TestConfigValidation(t *testing.T) {
 		{"", idemwatermill.Config{Consumer: "c", OutboxSubject: "billing.receipts.sent"}},
 		{"tenant_tables", idemwatermill.Config{Consumer: "c"}},
 	} {
-		if _, err := idemwatermill.NewMiddleware(newInst(t, db, tc.schema), tc.cfg); err != nil {
+		if _, err := idemwatermill.NewMiddleware(installOn(t, pool, tc.schema), tc.cfg); err != nil {
 			t.Errorf("NewMiddleware(%+v) in schema %q refused a valid config: %v", tc.cfg, tc.schema, err)
 		}
 	}

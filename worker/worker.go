@@ -95,8 +95,11 @@ func New(inst *install.Installation, cfg Config) (*Worker, error) {
 		// What the broker can carry bounds what the outbox accepts, and so what
 		// the ingress lets in: a request whose message could never be published is
 		// refused with 413 before anything commits.
-		if ic.MaxBodyBytes == 0 {
-			ic.MaxBodyBytes = min(producer.DefaultMaxBodyBytes, inst.JetStream().Conn().MaxPayload()-headerReserve)
+		// A connection still waiting for its first server (RetryOnFailedConnect)
+		// knows no max_payload yet: the ingress keeps its default, the outbox then
+		// checks nothing, and the relay dead-letters what the broker refuses.
+		if mp := inst.JetStream().Conn().MaxPayload(); ic.MaxBodyBytes == 0 && mp > headerReserve {
+			ic.MaxBodyBytes = min(producer.DefaultMaxBodyBytes, mp-headerReserve)
 		}
 		if ic.MaxInFlight == 0 {
 			ic.MaxInFlight = budget.ingress

@@ -26,6 +26,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
+	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/tcpproxy"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -274,10 +275,11 @@ func TestStartRefusesBadLifetimes(t *testing.T) {
 }
 
 // The worker's setup refuses what cannot work, naming it: the installation's
-// stream and schema (install.New), the worker's own knobs (worker.New).
+// stream and schema (install.New), the worker's own knobs (worker.New). Neither
+// touches a store: the pool and the connection lead nowhere.
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
-	env := testenv.New(t)
+	pool, nc := pgtest.Unreachable(t), natstest.Unreachable(t)
 	good := ordersConfig()
 	for _, tc := range []struct {
 		name   string
@@ -293,7 +295,7 @@ func TestNewValidates(t *testing.T) {
 		icfg, cfg := ordersInstall(ordersSchema), good
 		cfg.Consumers = append([]consumer.Config(nil), good.Consumers...)
 		tc.mutate(&icfg, &cfg)
-		inst, err := install.New(env.DB.Pool, env.NC, icfg)
+		inst, err := install.New(pool, nc, icfg)
 		if err == nil {
 			_, err = worker.New(inst, cfg)
 		}
@@ -301,10 +303,15 @@ func TestNewValidates(t *testing.T) {
 			t.Errorf("%s: err = %v, want it to mention %q", tc.name, err, tc.want)
 		}
 	}
-	if _, err := install.New(nil, env.NC, ordersInstall(ordersSchema)); err == nil {
+	// The connection has not reached a server yet (RetryOnFailedConnect), so it
+	// knows no max_payload: the worker starts with the ingress's default limit.
+	if _, err := worker.New(newInst(t, pool, nc, ordersInstall(ordersSchema)), good); err != nil {
+		t.Errorf("a good configuration on a connection not yet connected: %v", err)
+	}
+	if _, err := install.New(nil, nc, ordersInstall(ordersSchema)); err == nil {
 		t.Error("a nil pool was accepted")
 	}
-	if _, err := worker.New(newInst(t, env.DB.Pool, nil, ordersInstall(ordersSchema)), good); err == nil ||
+	if _, err := worker.New(newInst(t, pool, nil, ordersInstall(ordersSchema)), good); err == nil ||
 		!strings.Contains(err.Error(), "no NATS connection") {
 		t.Errorf("an installation without a NATS connection: err = %v", err)
 	}

@@ -276,11 +276,18 @@ func TestInspectRefusesMalformedInput(t *testing.T) {
 	}
 }
 
+// New checks its configuration without a database: the pool leads nowhere.
 func TestNewRefusesABadSchema(t *testing.T) {
 	t.Parallel()
-	db := newDB(t, "")
-	if _, err := ops.New(db.Pool, ops.Config{Schema: `Bad"Schema`}); err == nil {
+	pool := pgtest.Unreachable(t)
+	if _, err := ops.New(pool, ops.Config{Schema: `Bad"Schema`}); err == nil {
 		t.Error("New accepted a bad schema name")
+	}
+	if _, err := ops.New(pool, ops.Config{Schema: "idem_app"}); err != nil {
+		t.Errorf("New refused a good schema name: %v", err)
+	}
+	if _, err := ops.New(nil, ops.Config{}); err == nil {
+		t.Error("New accepted a nil DB")
 	}
 }
 

@@ -58,6 +58,20 @@ type Server struct {
 	done chan struct{}
 }
 
+// Unreachable returns a connection to a server that is not there (port 1 of
+// the loopback), closed at cleanup. It is never connected and never reconnects
+// within a test, so a request on it fails or times out. A test that must show a
+// setup step touches no broker hands it this connection.
+func Unreachable(t testing.TB) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect("nats://127.0.0.1:1", nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1), nats.ReconnectWait(time.Hour))
+	if err != nil {
+		t.Fatalf("natstest: unreachable connection: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // Start runs a JetStream server for t and stops it at cleanup.
 func Start(t testing.TB) *Server {
 	t.Helper()

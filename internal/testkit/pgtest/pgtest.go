@@ -108,6 +108,20 @@ func NewWith(t testing.TB, opts Options) *DB {
 	return db
 }
 
+// Unreachable returns a pool of a server that is not there (port 1 of the
+// loopback), closed at cleanup. Creating the pool connects nowhere; any query
+// fails within a second. A test that must show a setup step touches no database
+// (config validation, say) hands it this pool: a step that queried would fail.
+func Unreachable(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://idem@127.0.0.1:1/none?connect_timeout=1&pool_max_conns=64")
+	if err != nil {
+		t.Fatalf("pgtest: unreachable pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // Create creates a fresh database shaped by opts on the server at AdminURL: what
 // New does without a test, for TestMain, Example functions and other kits. Drop it
 // when done.
