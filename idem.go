@@ -39,8 +39,6 @@ import (
 	"strings"
 
 	"github.com/google/uuid"
-
-	"github.com/idemkit/idem/internal/natssubject"
 )
 
 // Header names used on HTTP requests and JetStream messages.
@@ -111,7 +109,7 @@ var (
 	ErrFingerprintMismatch = errors.New("idem: same key with a different payload")
 	// ErrBadSubject: a subject is not a literal NATS subject, or a filter is not a
 	// valid subject filter, or a subject lies outside the stream's subjects.
-	ErrBadSubject = natssubject.ErrBad
+	ErrBadSubject = errors.New("idem: bad subject")
 )
 
 // Key is an idempotency key: the name of one user intent. It is minted on the client

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/idemkit/idem v0.1.0
-	github.com/idemkit/idem/internal/app v0.1.0
+	github.com/idemkit/idem/app v0.1.0
 )
 
 require (

@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/migrations"
 	"github.com/idemkit/idem/outbox"

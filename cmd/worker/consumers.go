@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/runenv"
 	"github.com/idemkit/idem/embeddednats"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/runenv"
 )
 
 const consumersUsage = `usage: worker consumers rename OLD NEW [--force] [flags]

@@ -28,8 +28,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/runenv"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"

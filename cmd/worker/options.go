@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/runenv"
 )
 
 // dbOptions are the flags of a command that opens the database: which one, the

@@ -18,10 +18,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/runenv"
+	"github.com/idemkit/idem/app/tracelog"
 	"github.com/idemkit/idem/embeddednats"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/runenv"
-	"github.com/idemkit/idem/internal/app/tracelog"
 )
 
 // serviceOptions are the service's flags.

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/runenv"
 )
 
 // serviceOptionsFrom parses the service's command line and environment as the

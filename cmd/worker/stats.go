@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/runenv"
 	"github.com/idemkit/idem/embeddednats"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/runenv"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/internal/relay"

@@ -1,60 +1,38 @@
-// Package natssubject holds the NATS subject grammar every component applies to the
-// user's subjects (the outbox at enqueue, the consumers at start, the relay and the
-// reconciler on their filters), so that a subject accepted in one place is accepted
-// everywhere. The root package exports the literal-subject check
-// (idem.ValidateSubject); the filter rules stay here, since only idem's own
-// components match filters.
+// Package natssubject holds the NATS subject filter rules every component applies
+// to the user's stream subjects and consumer filters (the consumers at start, the
+// relay and the reconciler on their filters), and the matching of a subject against
+// them. The literal-subject rules are the root package's (idem.ValidateSubject), which
+// a filter's literal tokens follow, so that a subject accepted in one place is
+// accepted everywhere; the filter rules stay here, since only idem's own components
+// match filters.
 package natssubject
 
 import (
-	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/idemkit/idem"
 )
-
-// ErrBad is idem.ErrBadSubject: every error of this package wraps it.
-var ErrBad = errors.New("idem: bad subject")
-
-// Validate checks that s is a literal NATS subject that a message can be
-// published to: tokens separated by dots, none of them empty, no wildcard ("*" or
-// ">"), and nothing but printable ASCII without spaces.
-func Validate(s string) error {
-	return check(s, false)
-}
 
 // ValidateFilter checks that f is a NATS subject filter, as a stream's subjects and a
 // consumer's filter subject are: like a literal subject, except that a token may be
-// "*" (any one token) and the last token may be ">" (one or more tokens).
+// "*" (any one token) and the last token may be ">" (one or more tokens). Its
+// errors wrap idem.ErrBadSubject.
 func ValidateFilter(f string) error {
-	return check(f, true)
-}
-
-func check(s string, filter bool) error {
-	what := "subject"
-	if filter {
-		what = "subject filter"
+	if f == "" {
+		return fmt.Errorf("%w: empty subject filter", idem.ErrBadSubject)
 	}
-	if s == "" {
-		return fmt.Errorf("%w: empty %s", ErrBad, what)
-	}
-	tokens := strings.Split(s, ".")
+	tokens := strings.Split(f, ".")
 	for i, tok := range tokens {
 		switch {
-		case tok == "":
-			return fmt.Errorf("%w: %s %q has an empty token", ErrBad, what, s)
+		case tok == ">" && i != len(tokens)-1:
+			return fmt.Errorf("%w: subject filter %q: \">\" must be the last token", idem.ErrBadSubject, f)
 		case tok == "*" || tok == ">":
-			if !filter {
-				return fmt.Errorf("%w: %q is a wildcard, not a literal subject", ErrBad, s)
-			}
-			if tok == ">" && i != len(tokens)-1 {
-				return fmt.Errorf("%w: %s %q: \">\" must be the last token", ErrBad, what, s)
-			}
-			continue
-		}
-		for j := 0; j < len(tok); j++ {
-			c := tok[j]
-			if c <= ' ' || c > '~' || c == '*' || c == '>' {
-				return fmt.Errorf("%w: %s %q: byte 0x%02x is not allowed in a token", ErrBad, what, s, c)
+		case tok == "":
+			return fmt.Errorf("%w: subject filter %q has an empty token", idem.ErrBadSubject, f)
+		default:
+			if err := idem.ValidateSubject(tok); err != nil {
+				return fmt.Errorf("%w: subject filter %q: token %q is not a literal token", idem.ErrBadSubject, f, tok)
 			}
 		}
 	}

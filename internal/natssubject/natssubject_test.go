@@ -4,6 +4,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/natssubject"
 )
 
@@ -24,10 +25,10 @@ func TestValidateFilter(t *testing.T) {
 		{"orders.cre*ted", false, false},
 		{"orders.\u00e9", false, false},
 	} {
-		if err := natssubject.Validate(tc.s); (err == nil) != tc.literal || (err != nil && !errors.Is(err, natssubject.ErrBad)) {
+		if err := idem.ValidateSubject(tc.s); (err == nil) != tc.literal || (err != nil && !errors.Is(err, idem.ErrBadSubject)) {
 			t.Errorf("Validate(%q) = %v, want ok=%v", tc.s, err, tc.literal)
 		}
-		if err := natssubject.ValidateFilter(tc.s); (err == nil) != tc.filter || (err != nil && !errors.Is(err, natssubject.ErrBad)) {
+		if err := natssubject.ValidateFilter(tc.s); (err == nil) != tc.filter || (err != nil && !errors.Is(err, idem.ErrBadSubject)) {
 			t.Errorf("ValidateFilter(%q) = %v, want ok=%v", tc.s, err, tc.filter)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/app/pgembed"
+	"github.com/idemkit/idem/app/pgembed"
 	"github.com/idemkit/idem/migrations"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/app/refapp"
 )
 
 // TestChaosStoreLoss runs intents with JetStream at its default sync interval

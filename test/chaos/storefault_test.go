@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/app/refapp"
 )
 
 // The store faults: JetStream loses messages it has acknowledged and that no

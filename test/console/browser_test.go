@@ -22,10 +22,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/refapptest"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/test/internal/browsertest"
 )

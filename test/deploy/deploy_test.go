@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/refapptest"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 )
 

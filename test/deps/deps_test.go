@@ -112,11 +112,12 @@ func TestUserModulesImportNoInternal(t *testing.T) {
 // imports nothing of idem's but the root): the public packages stand on the
 // plumbing, never the other way round, and the internal services take what they share with the public
 // ones as an internal value (internal/parts) instead of an *install.Installation.
+// The root package, the floor everything stands on, imports nothing of idem's.
 func TestPlumbingImportsNoPublicPackage(t *testing.T) {
 	_, here, _, _ := runtime.Caller(0)
 	const lib = "github.com/idemkit/idem"
 	vocabulary := map[string]bool{lib + "/wire": true}
-	cmd := exec.CommandContext(t.Context(), "go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./internal/...", "./wire")
+	cmd := exec.CommandContext(t.Context(), "go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, ".", "./internal/...", "./wire")
 	cmd.Dir = filepath.Join(filepath.Dir(here), "..", "..")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -130,6 +131,10 @@ func TestPlumbingImportsNoPublicPackage(t *testing.T) {
 		}
 		pkgs++
 		for _, imp := range fields[1:] {
+			if fields[0] == lib && strings.HasPrefix(imp, lib+"/") {
+				t.Errorf("the root package imports %s: it may import nothing of idem's", imp)
+				continue
+			}
 			if vocabulary[fields[0]] && strings.HasPrefix(imp, lib+"/") {
 				t.Errorf("the vocabulary package %s imports %s: it may import the root package only", fields[0], imp)
 				continue

@@ -18,8 +18,8 @@ import (
 )
 
 // The modules whose packages a user imports (the browser client's Go package
-// included), by import path pattern; commands, process tests and examples are not
-// API.
+// included), by import path pattern; the reference application, commands, process
+// tests and examples are not API.
 var publicPatterns = []string{
 	"github.com/idemkit/idem/...",
 }
@@ -44,7 +44,7 @@ func isPublic(p listed) bool {
 		return false
 	}
 	rest := strings.TrimPrefix(p.ImportPath, "github.com/idemkit/idem")
-	for _, not := range []string{"/cmd", "/test", "/examples"} {
+	for _, not := range []string{"/app", "/cmd", "/test", "/examples"} {
 		if rest == not || strings.HasPrefix(rest, not+"/") {
 			return false
 		}

@@ -32,10 +32,10 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/refapptest"
 	"github.com/idemkit/idem/clients/browser"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/test/internal/browsertest"

@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/internal/testkit/testenv"

@@ -14,9 +14,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/embeddednats"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/outbox"
 )

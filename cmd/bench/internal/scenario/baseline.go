@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // The baselines (naive, handwritten-inbox) drain a pre-filled stream the way a

@@ -6,9 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // handwrittenInbox is the inbox a team would write for itself: one transaction

@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // idemConsumer drains a pre-filled stream with the idem consumer and the

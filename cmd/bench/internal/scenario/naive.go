@@ -5,9 +5,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // naive is the floor of a consumer: one autocommit INSERT per message, no dedupe,

@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/cmd/bench/internal/measure"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/app/refapp"
 )
 
 // The pipeline is what the e2e scenarios run: producers writing payments and

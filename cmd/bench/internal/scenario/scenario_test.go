@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/measure"
 	"github.com/idemkit/idem/cmd/bench/internal/report"
-	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/outbox"
 )
 

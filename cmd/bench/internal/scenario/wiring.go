@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/cmd/bench/internal/benchenv"
 	"github.com/idemkit/idem/consumer"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/reconcile"

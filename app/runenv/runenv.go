@@ -27,8 +27,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 
+	"github.com/idemkit/idem/app/pgembed"
 	"github.com/idemkit/idem/embeddednats"
-	"github.com/idemkit/idem/internal/app/pgembed"
 )
 
 // DefaultDatabaseURL is used when Config.DatabaseURL is empty.

@@ -9,7 +9,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemkit/idem/internal/app/tracelog"
+	"github.com/idemkit/idem/app/tracelog"
 )
 
 func TestHandlerAddsTheSpan(t *testing.T) {

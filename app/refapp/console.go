@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemkit/idem/app/console"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/app/console"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/worker"
 )

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/runenv"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/tcpproxy"
 	"github.com/idemkit/idem/internal/testkit/testenv"

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 

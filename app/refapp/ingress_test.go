@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/install"
-	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 	"github.com/idemkit/idem/producer"
 )

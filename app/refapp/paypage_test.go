@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/refapptest"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/refapptest"
 )
 
 // The payment page over plain HTTP: what it serves, its headers, its guard, its

@@ -18,7 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/runenv"
 )
 
 // pki is a throwaway CA with a server certificate for 127.0.0.1 and a client

@@ -19,10 +19,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
+	"github.com/idemkit/idem/app/refapptest"
 	"github.com/idemkit/idem/client"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/app/refapp"
-	"github.com/idemkit/idem/internal/app/refapptest"
 	"github.com/idemkit/idem/internal/testkit/natstest"
 	"github.com/idemkit/idem/internal/testkit/smtptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/runenv"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkit/idem/internal/testkit/rawconn"
 
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/app/refapp"
 )
 
 // paymentRequest is a raw POST /v1/payments.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/app/refapp"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/smtptest"
 	"github.com/idemkit/idem/internal/testkit/testenv"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/internal/app/pgembed"
+	"github.com/idemkit/idem/app/pgembed"
 )
 
 // DatabaseFile, under DataDir, records the database the data dir's worker uses.

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/app/refapp"
+	"github.com/idemkit/idem/app/refapp"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 )

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem/internal/app/runenv"
+	"github.com/idemkit/idem/app/runenv"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
 )
 

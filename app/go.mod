@@ -1,4 +1,4 @@
-module github.com/idemkit/idem/internal/app
+module github.com/idemkit/idem/app
 
 go 1.26.0
 

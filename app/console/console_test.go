@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/app/console"
 	"github.com/idemkit/idem/consumer"
-	"github.com/idemkit/idem/internal/app/console"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
