@@ -317,17 +317,6 @@ func (c *Consumer) settle(ctx context.Context, res batchResult, took time.Durati
 	c.observe(idem.OutcomeDuplicate, len(res.duplicates), 0)
 }
 
-// heartbeat tells JetStream the batch is still being worked on, every third of
-// AckWait, so a long transaction does not trigger a redelivery to another worker.
-func (c *Consumer) heartbeat(ctx context.Context, ds []*Delivery) (stop func()) {
-	return every(ctx, c.cfg.AckWait/3, func() bool {
-		for _, d := range ds {
-			_ = d.raw.InProgress()
-		}
-		return true
-	})
-}
-
 func indexOf(ds []*Delivery, d *Delivery) int {
 	for i := range ds {
 		if ds[i] == d {

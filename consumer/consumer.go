@@ -22,7 +22,6 @@ import (
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/registry"
 	"github.com/idemkit/idem/internal/store"
-	"github.com/idemkit/idem/wire"
 )
 
 // Consumer runs a handler over a durable JetStream pull consumer, exactly once per
@@ -61,14 +60,6 @@ type Consumer struct {
 	// registered is the registration Register made, for Run to start from.
 	regMu      sync.Mutex
 	registered *binding
-}
-
-// idOf names d in the inbox: its key and its message (wire.MessageOf).
-func (c *Consumer) idOf(d *Delivery) dedupe.ID {
-	if c.keyOnly {
-		return dedupe.ID{Key: d.Key, Message: "(any)"}
-	}
-	return dedupe.ID{Key: d.Key, Message: wire.MessageOf(d.Subject, d.Name)}
 }
 
 // New returns a consumer of inst: it reads inst's stream, claims in inst's inbox,
@@ -731,35 +722,4 @@ func (f *fetcher) recreate(ctx context.Context) {
 	}
 	c.setHealth(nil)
 	c.log.WarnContext(ctx, "consumer: subscription was stopped (its durable consumer went missing); resumed it on the durable consumer (a new one delivers again what the stream holds from the consumer's start, which the inbox folds; what the stream lost, the reconciler re-drives)", "stream", c.stream)
-}
-
-// process takes fetched messages from delivery to settlement: decode (poison is
-// dead-lettered at once), then the in-transaction batch or the external effect.
-func (c *Consumer) process(ctx context.Context, msgs []jetstream.Msg) {
-	var ds []*Delivery
-	for _, m := range msgs {
-		d, reason := decode(m)
-		c.startSpan(ctx, d)
-		defer d.span.End()
-		if reason != "" {
-			c.deadLetter(ctx, d, reason)
-			continue
-		}
-		if !wire.IsReplayFor(d.Headers[idem.HeaderReplayFor], c.cfg.Name) {
-			c.ack(ctx, d)
-			c.observe(idem.OutcomeSkipped, 1, 0)
-			continue
-		}
-		ds = append(ds, d)
-	}
-	if len(ds) == 0 {
-		return
-	}
-	if c.cfg.External != nil {
-		for _, d := range ds {
-			c.perform(ctx, d)
-		}
-		return
-	}
-	c.runBatches(ctx, ds)
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/testkit/natstest"
@@ -438,7 +439,7 @@ func TestConsumerInOtherSchema(t *testing.T) {
 	if n := env.DB.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'idem_%'`); n != 0 {
 		t.Errorf("public holds %d idem tables, want none", n)
 	}
-	dls := consumer.NewDeadLetters(env.Inst)
+	dls := deadletter.New(env.Inst)
 	if list, err := dls.List(context.Background(), 10); err != nil || len(list) != 1 {
 		t.Errorf("DeadLetters(%s).List = %d, %v; want the one dead letter", schema, len(list), err)
 	}

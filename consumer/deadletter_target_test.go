@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -85,13 +86,13 @@ func TestReplayReachesOnlyTheDeadLetteringConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dls := consumer.NewDeadLetters(env.Inst)
+	dls := deadletter.New(env.Inst)
 	list, err := dls.List(ctx, 10)
 	if err != nil || len(list) != 1 || list[0].Consumer != "billing" {
 		t.Fatalf("List = %+v, %v; want billing's one dead letter", list, err)
 	}
 	broken.Store(false)
-	if _, err := dls.ReplayID(ctx, list[0].ID, consumer.ReplayOptions{}); err != nil {
+	if _, err := dls.ReplayID(ctx, list[0].ID, deadletter.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-shared' AND headers->>$1 = 'billing'`, idem.HeaderReplayFor); n != 1 {
@@ -149,7 +150,7 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 		t.Fatalf("k-first: %d dead letters whose horizon is the inbox row's expiry, want 1", n)
 	}
 
-	dls := consumer.NewDeadLetters(b.inst)
+	dls := deadletter.New(b.inst)
 	var id int64
 	if err := b.env.DB.Pool.QueryRow(ctx, `SELECT id FROM idem_dead_letters WHERE key = 'k-poison'`).Scan(&id); err != nil {
 		t.Fatal(err)
@@ -157,8 +158,8 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 	outboxRows := func() int { return b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-poison'`) }
 	refused := func(what string) {
 		t.Helper()
-		_, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{})
-		if !errors.Is(err, consumer.ErrReplayRefused) {
+		_, err := dls.ReplayID(ctx, id, deadletter.ReplayOptions{})
+		if !errors.Is(err, deadletter.ErrReplayRefused) {
 			t.Fatalf("%s: Replay err = %v, want ErrReplayRefused", what, err)
 		}
 		t.Logf("%s: %v", what, err)
@@ -184,20 +185,20 @@ func TestReplayRefusesPastTheInboxHorizon(t *testing.T) {
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`); n != 0 {
 		t.Fatalf("a refused replay was recorded as replayed")
 	}
-	if _, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{DryRun: true, Force: true}); err != nil {
+	if _, err := dls.ReplayID(ctx, id, deadletter.ReplayOptions{DryRun: true, Force: true}); err != nil {
 		t.Fatalf("forced dry run: %v", err)
 	}
 	if n := outboxRows(); n != 0 {
 		t.Fatalf("a dry run wrote %d outbox rows", n)
 	}
-	if _, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{Force: true}); err != nil {
+	if _, err := dls.ReplayID(ctx, id, deadletter.ReplayOptions{Force: true}); err != nil {
 		t.Fatalf("forced replay: %v", err)
 	}
 	if n := outboxRows(); n != 1 {
 		t.Fatalf("outbox rows after a forced replay = %d, want 1", n)
 	}
 	setHorizon(`now() + interval '2 days'`)
-	if _, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{}); err != nil {
+	if _, err := dls.ReplayID(ctx, id, deadletter.ReplayOptions{}); err != nil {
 		t.Fatalf("replay inside the horizon: %v", err)
 	}
 	if n := outboxRows(); n != 2 {

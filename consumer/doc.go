@@ -115,7 +115,7 @@
 // payload, a Permanent handler error, and a message that used up MaxDeliver
 // attempts are filed in idem_dead_letters with the reason and terminated on the
 // broker; other traffic keeps flowing. If the dead letter cannot be written the
-// message is redelivered instead, never dropped. DeadLetters lists them and replays
+// message is redelivered instead, never dropped. Package deadletter lists them and replays
 // one with its original key.
 //
 // # One engine

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/testenv"
@@ -56,7 +57,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	b.start(t, cfg)
 	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
 
-	dls := consumer.NewDeadLetters(b.inst)
+	dls := deadletter.New(b.inst)
 	list, err := dls.List(ctx, 10)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("List = %v, %v", list, err)
@@ -77,7 +78,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	// replay must not repeat.
 	b.env.DB.Count(t, `WITH u AS (UPDATE idem_dead_letters SET headers = headers || '{"Nats-Expected-Stream": "IDEM"}'::jsonb RETURNING 1) SELECT count(*) FROM u`)
 	broken.Store(false) // the handler is fixed
-	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {
+	if _, err := dls.ReplayID(ctx, dl.ID, deadletter.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-replay' AND published_at IS NULL AND headers ? 'Nats-Expected-Stream'`); n != 0 {
@@ -95,7 +96,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	}
 
 	// A second replay of the same dead letter: the effect already happened.
-	if _, err := dls.ReplayID(ctx, dl.ID, consumer.ReplayOptions{}); err != nil {
+	if _, err := dls.ReplayID(ctx, dl.ID, deadletter.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := rl.Drain(ctx); err != nil || n != 1 {
@@ -121,7 +122,7 @@ func TestReplayDeadLetter(t *testing.T) {
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_dead_letters WHERE replayed_at IS NOT NULL`); n != 1 {
 		t.Fatalf("replayed_at not recorded")
 	}
-	if _, err := dls.ReplayID(ctx, 9999, consumer.ReplayOptions{}); err == nil {
+	if _, err := dls.ReplayID(ctx, 9999, deadletter.ReplayOptions{}); err == nil {
 		t.Fatal("replaying a dead letter that does not exist succeeded")
 	}
 	if _, err := dls.Get(ctx, 9999); err == nil {
@@ -135,12 +136,12 @@ func TestReplayRefusesKeylessDeadLetter(t *testing.T) {
 	b.env.Publish(t, testenv.Subject, "", "no-key", payload(1))
 	b.start(t, b.config())
 	testenv.Eventually(t, 45*time.Second, "dead letter", func() bool { return b.out.Get(idem.OutcomeDeadLettered) == 1 })
-	dls := consumer.NewDeadLetters(b.inst)
+	dls := deadletter.New(b.inst)
 	list, err := dls.List(context.Background(), 10)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("List = %v, %v", list, err)
 	}
-	if _, err := dls.ReplayID(context.Background(), list[0].ID, consumer.ReplayOptions{}); !errors.Is(err, idem.ErrMissingKey) {
+	if _, err := dls.ReplayID(context.Background(), list[0].ID, deadletter.ReplayOptions{}); !errors.Is(err, idem.ErrMissingKey) {
 		t.Fatalf("Replay of a keyless dead letter: err = %v, want ErrMissingKey", err)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_outbox`); n != 0 {

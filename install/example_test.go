@@ -75,5 +75,5 @@ func ExampleNew_withoutNATS() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	_ = inst // outbox.New(inst), consumer.NewDeadLetters(inst) …
+	_ = inst // outbox.New(inst), deadletter.New(inst) …
 }

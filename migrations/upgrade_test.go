@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/dedupe"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/partition"
@@ -140,7 +140,7 @@ func TestUpgradeToV5KeepsEveryRowsMeaning(t *testing.T) {
 				t.Fatalf("lease after completing the old row = %+v, %v; want done", r, err)
 			}
 
-			dls := consumer.NewDeadLetters(inst)
+			dls := deadletter.New(inst)
 			if list, err := dls.List(ctx, 10); err != nil || len(list) != 1 || list[0].Message != "idem.payments.charge" {
 				t.Errorf("the v4 dead letter = %+v, %v; want its message to be its subject", list, err)
 			}

@@ -66,7 +66,7 @@ const relayedRecheck = 5 * time.Second
 
 // RelayConsumer is the consumer name under which the relay files the dead letters
 // of messages the broker refused or that no consumer reads: the name to give
-// consumer.Filter to see or replay them.
+// deadletter.Filter to see or replay them.
 const RelayConsumer = store.RelayConsumer
 
 // New returns the outbox of inst: its stream's subjects and its broker's

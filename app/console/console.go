@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/ops"
 )
 
@@ -39,7 +39,7 @@ type Config struct {
 	// rows for a key (the key inspector).
 	Ops *ops.Reader
 	// DeadLetters lists and replays dead letters. Nil hides the dead-letter page.
-	DeadLetters *consumer.DeadLetters
+	DeadLetters *deadletter.Queue
 	// JetStream and Stream name the stream whose consumers' lag is shown. Nil
 	// JetStream shows no stream.
 	JetStream jetstream.JetStream

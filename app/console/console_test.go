@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/app/console"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/internal/testkit/testenv"
 	"github.com/idemkit/idem/outbox"
@@ -323,7 +323,7 @@ func TestReplayAllConfirmsTheDryRunsList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dls := consumer.NewDeadLetters(env.Inst)
+	dls := deadletter.New(env.Inst)
 	srv := server(t, console.Config{Ops: r, DeadLetters: dls})
 	c := browser(t)
 	_, page := get(t, c, srv.URL+"/console/dead-letters?consumer=charges&since=1h")

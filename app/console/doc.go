@@ -1,7 +1,7 @@
 // Package console is an operator console in the browser for an idem installation:
 // server-rendered pages over the same read model as `worker inspect` and `worker
 // stats` (package ops) and the same dead-letter operations as `worker
-// dead-letters` (consumer.DeadLetters). It holds no SQL of its own.
+// dead-letters` (deadletter.Queue). It holds no SQL of its own.
 //
 //	h, err := console.New(console.Config{
 //		Ops: reader, DeadLetters: dls, JetStream: js, Stream: "ORDERS",

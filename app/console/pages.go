@@ -14,7 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/ops"
 )
 
@@ -214,17 +214,17 @@ type filterForm struct {
 
 type deadLettersData struct {
 	Form    filterForm
-	Letters []consumer.DeadLetter
+	Letters []deadletter.Letter
 	Limit   int
 }
 
 const listLimit = 200
 
 // filter reads a dead-letter filter from r's query or form.
-func readFilter(get func(string) string) (filterForm, consumer.Filter, error) {
+func readFilter(get func(string) string) (filterForm, deadletter.Filter, error) {
 	ff := filterForm{Consumer: strings.TrimSpace(get("consumer")), Reason: get("reason"),
 		Since: strings.TrimSpace(get("since")), Until: strings.TrimSpace(get("until")), Replayed: get("replayed") != ""}
-	f := consumer.Filter{Consumer: ff.Consumer, ReasonPrefix: ff.Reason, IncludeReplayed: ff.Replayed}
+	f := deadletter.Filter{Consumer: ff.Consumer, ReasonPrefix: ff.Reason, IncludeReplayed: ff.Replayed}
 	var err error
 	if f.Since, err = parseTime(ff.Since); err != nil {
 		return ff, f, fmt.Errorf("since: %w", err)
@@ -281,7 +281,7 @@ type replayData struct {
 	All     bool
 	Form    filterForm
 	IDs     []int64
-	Results []consumer.ReplayResult
+	Results []deadletter.ReplayResult
 	Counts  map[string]int
 	Err     string
 }
@@ -322,19 +322,19 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 	if d.All && !d.DryRun {
 		// The dry run's list, as it was judged: replayed ones stay out unless the
 		// filter took them in.
-		f = consumer.Filter{IDs: d.IDs, IncludeReplayed: ff.Replayed}
+		f = deadletter.Filter{IDs: d.IDs, IncludeReplayed: ff.Replayed}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
 	defer cancel()
-	opts := consumer.ReplayOptions{DryRun: d.DryRun, Force: d.Force}
-	var rep consumer.ReplayReport
+	opts := deadletter.ReplayOptions{DryRun: d.DryRun, Force: d.Force}
+	var rep deadletter.ReplayReport
 	if d.All {
 		rep, err = h.cfg.DeadLetters.Replay(ctx, f, opts)
 	} else {
 		// The operator picked these: each one, replayed before or not.
 		for _, id := range d.IDs {
 			res, rerr := h.cfg.DeadLetters.ReplayID(ctx, id, opts)
-			if rerr != nil && !errors.Is(rerr, consumer.ErrReplayRefused) {
+			if rerr != nil && !errors.Is(rerr, deadletter.ErrReplayRefused) {
 				err = rerr
 				break
 			}
@@ -350,8 +350,8 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request) {
 		d.Counts[res.Action]++
 	}
 	if !d.DryRun {
-		h.log.Info("console: dead letters replayed", "replayed", d.Counts[consumer.ActionReplayed],
-			"refused", d.Counts[consumer.ActionRefused], "force", d.Force, "ids", d.IDs, "all", d.All, "err", err)
+		h.log.Info("console: dead letters replayed", "replayed", d.Counts[deadletter.ActionReplayed],
+			"refused", d.Counts[deadletter.ActionRefused], "force", d.Force, "ids", d.IDs, "all", d.All, "err", err)
 	}
 	status := http.StatusOK
 	if err != nil {

@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemkit/idem/app/console"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/ops"
 	"github.com/idemkit/idem/worker"
 )
@@ -36,7 +36,7 @@ func newConsole(pool *pgxpool.Pool, w *worker.Worker, reg *prometheus.Registry, 
 	if err != nil {
 		return nil, fmt.Errorf("refapp: console: %w", err)
 	}
-	dls := consumer.NewDeadLetters(w.Installation())
+	dls := deadletter.New(w.Installation())
 	h, err := console.New(console.Config{
 		Ops: r, DeadLetters: dls, JetStream: w.Installation().JetStream(), Stream: StreamName, Lag: ops.LagOf(w), Metrics: reg,
 		Logger: cfg.Logger, Prefix: ConsolePath,

@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/app/refapp"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/pgschema"
 	"github.com/idemkit/idem/migrations"
@@ -150,7 +150,7 @@ error (unknown flag, bad flag value, a wrong combination of ID, filters and --al
 
 // deadLetterFilter is the selection flags of both subcommands.
 type deadLetterFilter struct {
-	f     consumer.Filter
+	f     deadletter.Filter
 	limit int
 	set   []string // the selecting flags given, for messages
 }
@@ -244,7 +244,7 @@ type deadLettersReplayOptions struct {
 	db          dbOptions
 	sel         deadLetterFilter
 	asJSON, all bool
-	opts        consumer.ReplayOptions
+	opts        deadletter.ReplayOptions
 	id          int64 // 0: the selection
 }
 
@@ -300,7 +300,7 @@ func runDeadLettersReplay(o *deadLettersReplayOptions, stdout, stderr io.Writer)
 }
 
 // openDeadLetters opens the database of d for the dead-letter commands.
-func openDeadLetters(ctx context.Context, d *dbOptions) (*consumer.DeadLetters, func(), error) {
+func openDeadLetters(ctx context.Context, d *dbOptions) (*deadletter.Queue, func(), error) {
 	pool, err := openOpsPool(ctx, d)
 	if err != nil {
 		return nil, nil, err
@@ -315,10 +315,10 @@ func openDeadLetters(ctx context.Context, d *dbOptions) (*consumer.DeadLetters, 
 		pool.Close()
 		return nil, nil, err
 	}
-	return consumer.NewDeadLetters(inst), pool.Close, nil
+	return deadletter.New(inst), pool.Close, nil
 }
 
-func listDeadLetters(ctx context.Context, dls *consumer.DeadLetters, f consumer.Filter, asJSON bool, stdout, stderr io.Writer) error {
+func listDeadLetters(ctx context.Context, dls *deadletter.Queue, f deadletter.Filter, asJSON bool, stdout, stderr io.Writer) error {
 	list, err := dls.Find(ctx, f)
 	if err != nil {
 		return err
@@ -351,7 +351,7 @@ func listDeadLetters(ctx context.Context, dls *consumer.DeadLetters, f consumer.
 }
 
 // replayState says whether dl may be replayed now, for the table.
-func replayState(dl consumer.DeadLetter, now time.Time) string {
+func replayState(dl deadletter.Letter, now time.Time) string {
 	var s string
 	_, _, keyErr := idem.ParseScopedKey(dl.Key)
 	switch {
@@ -374,31 +374,31 @@ func replayState(dl consumer.DeadLetter, now time.Time) string {
 
 // replayDeadLetter is replay ID: one dead letter, replayed before or not, waiting
 // for a replay of it that is running at the same moment.
-func replayDeadLetter(ctx context.Context, dls *consumer.DeadLetters, id int64, opts consumer.ReplayOptions, stdout, stderr io.Writer) error {
+func replayDeadLetter(ctx context.Context, dls *deadletter.Queue, id int64, opts deadletter.ReplayOptions, stdout, stderr io.Writer) error {
 	res, err := dls.ReplayID(ctx, id, opts)
-	if err != nil && !errors.Is(err, consumer.ErrReplayRefused) {
+	if err != nil && !errors.Is(err, deadletter.ErrReplayRefused) {
 		return err
 	}
-	return writeReplayReport(consumer.ReplayReport{Results: []consumer.ReplayResult{res}}, opts, stdout, stderr)
+	return writeReplayReport(deadletter.ReplayReport{Results: []deadletter.ReplayResult{res}}, opts, stdout, stderr)
 }
 
 // writeReplayReport prints one JSON line per dead letter and the summary; an
 // error when any was refused, for the exit status.
-func writeReplayReport(rep consumer.ReplayReport, opts consumer.ReplayOptions, stdout, stderr io.Writer) error {
+func writeReplayReport(rep deadletter.ReplayReport, opts deadletter.ReplayOptions, stdout, stderr io.Writer) error {
 	enc := json.NewEncoder(stdout)
 	for _, r := range rep.Results {
 		if err := enc.Encode(r); err != nil {
 			return err
 		}
 	}
-	refused := rep.Count(consumer.ActionRefused)
+	refused := rep.Count(deadletter.ActionRefused)
 	switch {
 	case len(rep.Results) == 0:
 		fmt.Fprintln(stderr, "no dead letters selected")
 	case opts.DryRun:
-		fmt.Fprintf(stderr, "dry run: would replay %d, would refuse %d; nothing was written\n", rep.Count(consumer.ActionWouldReplay), refused)
+		fmt.Fprintf(stderr, "dry run: would replay %d, would refuse %d; nothing was written\n", rep.Count(deadletter.ActionWouldReplay), refused)
 	default:
-		replayed := rep.Count(consumer.ActionReplayed)
+		replayed := rep.Count(deadletter.ActionReplayed)
 		queued := ""
 		if replayed > 0 {
 			queued = "; the replays are queued in the outbox for the running relay to publish"

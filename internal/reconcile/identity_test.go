@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/installation"
 	"github.com/idemkit/idem/internal/parts"
@@ -173,12 +174,12 @@ func TestLostReplayIsRedriven(t *testing.T) {
 	stop()
 	broken.Store(false)
 
-	dls := consumer.NewDeadLetters(b.inst)
+	dls := deadletter.New(b.inst)
 	list, err := dls.List(context.Background(), 1)
 	if err != nil || len(list) != 1 {
 		t.Fatalf("dead letters = %v, %v", list, err)
 	}
-	if _, err := dls.ReplayID(context.Background(), list[0].ID, consumer.ReplayOptions{}); err != nil {
+	if _, err := dls.ReplayID(context.Background(), list[0].ID, deadletter.ReplayOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if n := b.env.DB.Count(t, `SELECT count(*) FROM idem_attempts WHERE consumer = 'c'`); n != 0 {

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/install"
 	"github.com/idemkit/idem/internal/faults"
 	"github.com/idemkit/idem/internal/ops"
@@ -357,16 +357,16 @@ func TestRelayDeadLetterCarriesTheReadersHorizon(t *testing.T) {
 		t.Errorf("the refused row's dead letter has a horizon; it was never stored")
 	}
 
-	dls := consumer.NewDeadLetters(b.inst)
+	dls := deadletter.New(b.inst)
 	b.db.Count(t, `WITH u AS (UPDATE idem_dead_letters SET inbox_expires_at = now() - interval '1 second' WHERE key = 'hang-1' RETURNING 1) SELECT count(*) FROM u`)
-	rep, err := dls.Replay(ctx, consumer.Filter{Consumer: outbox.RelayConsumer}, consumer.ReplayOptions{DryRun: true})
+	rep, err := dls.Replay(ctx, deadletter.Filter{Consumer: outbox.RelayConsumer}, deadletter.ReplayOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, res := range rep.Results {
-		want := consumer.ActionWouldReplay
+		want := deadletter.ActionWouldReplay
 		if res.Key == "hang-1" {
-			want = consumer.ActionRefused
+			want = deadletter.ActionRefused
 		}
 		if res.Action != want {
 			t.Errorf("replay of %s: %s (%s), want %s", res.Key, res.Action, res.Reason, want)

@@ -37,6 +37,7 @@ import (
 	_ "github.com/idemkit/idem"
 	_ "github.com/idemkit/idem/client"
 	_ "github.com/idemkit/idem/consumer"
+	_ "github.com/idemkit/idem/deadletter"
 	_ "github.com/idemkit/idem/dedupe"
 	_ "github.com/idemkit/idem/idemtest"
 	_ "github.com/idemkit/idem/install"

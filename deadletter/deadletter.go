@@ -1,4 +1,4 @@
-package consumer
+package deadletter
 
 import (
 	"context"
@@ -19,9 +19,9 @@ import (
 	"github.com/idemkit/idem/wire"
 )
 
-// DeadLetter is one row of idem_dead_letters: a message that can never succeed as it
+// Letter is one row of idem_dead_letters: a message that can never succeed as it
 // is, with the reason.
-type DeadLetter struct {
+type Letter struct {
 	ID       int64  `json:"id"`
 	Consumer string `json:"consumer"`
 	Key      string `json:"key"`
@@ -77,7 +77,7 @@ type Filter struct {
 
 func (f Filter) validate() error {
 	if f.Limit < 0 {
-		return errors.New("consumer: dead letters: Filter.Limit must not be negative")
+		return errors.New("deadletter: Filter.Limit must not be negative")
 	}
 	return nil
 }
@@ -151,9 +151,9 @@ func (r ReplayReport) Count(action string) int {
 // ErrReplayRefused is wrapped by the error of a replay that was refused: past the
 // replay horizon, horizon unknown, or nothing replayable (no valid key, a header
 // that cannot be sent).
-var ErrReplayRefused = errors.New("consumer: replay refused")
+var ErrReplayRefused = errors.New("deadletter: replay refused")
 
-// DeadLetters is the operator's view of idem_dead_letters: list, inspect, replay.
+// Queue is the operator's view of idem_dead_letters: list, inspect, replay.
 //
 // A replay puts a dead letter back on its way with its original key: it writes the
 // message into the outbox under a new Msg-Id generation (so the broker's duplicate
@@ -169,7 +169,7 @@ var ErrReplayRefused = errors.New("consumer: replay refused")
 // A replay starts with a fresh attempt count. A dead letter the relay filed
 // (outbox.RelayConsumer) is replayed to every consumer of its subject; one the
 // broker refused never reached the stream, and has no horizon.
-type DeadLetters struct {
+type Queue struct {
 	// inTransit is how long a replay may stay in the stream (see refusal).
 	inTransit time.Duration
 	pool      *pgxpool.Pool
@@ -177,20 +177,20 @@ type DeadLetters struct {
 	outbox    *outbox.Outbox
 }
 
-// NewDeadLetters returns the dead letters of inst. It needs no NATS connection:
+// New returns the dead letters of inst. It needs no NATS connection:
 // a replay goes through the outbox.
-func NewDeadLetters(inst *install.Installation) *DeadLetters {
-	return &DeadLetters{inTransit: inst.Stream().WithDefaults().MaxAge + replayMargin, pool: inst.Pool(), q: parts.Of(inst).Store.DeadLetters, outbox: outbox.New(inst)}
+func New(inst *install.Installation) *Queue {
+	return &Queue{inTransit: inst.Stream().WithDefaults().MaxAge + replayMargin, pool: inst.Pool(), q: parts.Of(inst).Store.DeadLetters, outbox: outbox.New(inst)}
 }
 
 // List returns up to limit dead letters (limit <= 0: all), replayed or not, newest
 // first: Find with Filter{IncludeReplayed: true, Limit: limit}.
-func (dl *DeadLetters) List(ctx context.Context, limit int) ([]DeadLetter, error) {
+func (dl *Queue) List(ctx context.Context, limit int) ([]Letter, error) {
 	return dl.Find(ctx, Filter{IncludeReplayed: true, Limit: max(limit, 0)})
 }
 
 // Find returns the dead letters f selects, newest first.
-func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error) {
+func (dl *Queue) Find(ctx context.Context, f Filter) ([]Letter, error) {
 	if err := f.validate(); err != nil {
 		return nil, err
 	}
@@ -200,17 +200,17 @@ func (dl *DeadLetters) Find(ctx context.Context, f Filter) ([]DeadLetter, error)
 	}
 	rows, err := dl.pool.Query(ctx, dl.q.Find, append(f.args(), limit)...)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
+		return nil, fmt.Errorf("deadletter: list dead letters: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, dl.scan)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: list dead letters: %w", err)
+		return nil, fmt.Errorf("deadletter: list dead letters: %w", err)
 	}
 	return out, nil
 }
 
 // Get returns one dead letter.
-func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
+func (dl *Queue) Get(ctx context.Context, id int64) (Letter, error) {
 	return dl.get(ctx, dl.pool, dl.q.Get, id)
 }
 
@@ -219,12 +219,12 @@ func (dl *DeadLetters) Get(ctx context.Context, id int64) (DeadLetter, error) {
 // result says what was done. A refusal is also an error, wrapping ErrReplayRefused
 // (and idem.ErrMissingKey or idem.ErrMalformedKey for a dead letter without a
 // valid key); nothing is written. With opts.DryRun nothing is written either way.
-func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOptions) (ReplayResult, error) {
-	judge := func(d DeadLetter, action string) (ReplayResult, error) {
+func (dl *Queue) ReplayID(ctx context.Context, id int64, opts ReplayOptions) (ReplayResult, error) {
+	judge := func(d Letter, action string) (ReplayResult, error) {
 		refused := d.refusal(opts.Force, dl.inTransit)
 		res := d.result(action, refused)
 		if refused != nil {
-			return res, fmt.Errorf("consumer: replay dead letter %d: %w", id, refused)
+			return res, fmt.Errorf("deadletter: replay dead letter %d: %w", id, refused)
 		}
 		return res, nil
 	}
@@ -248,7 +248,7 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 			return err
 		}
 		if _, err := tx.Exec(ctx, dl.q.MarkReplayed, []int64{id}); err != nil {
-			return fmt.Errorf("consumer: replay dead letter %d: record: %w", id, err)
+			return fmt.Errorf("deadletter: replay dead letter %d: record: %w", id, err)
 		}
 		return nil
 	})
@@ -265,12 +265,12 @@ func (dl *DeadLetters) ReplayID(ctx context.Context, id int64, opts ReplayOption
 // replaying the same selection at once replay every dead letter once between them.
 // A refusal is a result, not an error: the others are still replayed. An error
 // stops the replay; the report holds the batches committed before it.
-func (dl *DeadLetters) Replay(ctx context.Context, f Filter, opts ReplayOptions) (ReplayReport, error) {
+func (dl *Queue) Replay(ctx context.Context, f Filter, opts ReplayOptions) (ReplayReport, error) {
 	if err := f.validate(); err != nil {
 		return ReplayReport{}, err
 	}
 	if opts.BatchSize < 0 {
-		return ReplayReport{}, errors.New("consumer: replay: BatchSize must not be negative")
+		return ReplayReport{}, errors.New("deadletter: replay: BatchSize must not be negative")
 	}
 	if opts.BatchSize == 0 {
 		opts.BatchSize = defaultReplayBatch
@@ -299,16 +299,16 @@ func (dl *DeadLetters) Replay(ctx context.Context, f Filter, opts ReplayOptions)
 
 // replayBatch replays (or judges, in a dry run) up to n dead letters after id
 // after, in one transaction.
-func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOptions, after int64, n int) ([]ReplayResult, error) {
+func (dl *Queue) replayBatch(ctx context.Context, f Filter, opts ReplayOptions, after int64, n int) ([]ReplayResult, error) {
 	args := append(f.args(), after, n)
 	if opts.DryRun {
 		rows, err := dl.pool.Query(ctx, dl.q.ReplayBatchDry, args...)
 		if err != nil {
-			return nil, fmt.Errorf("consumer: replay: %w", err)
+			return nil, fmt.Errorf("deadletter: replay: %w", err)
 		}
 		ds, err := pgx.CollectRows(rows, dl.scan)
 		if err != nil {
-			return nil, fmt.Errorf("consumer: replay: %w", err)
+			return nil, fmt.Errorf("deadletter: replay: %w", err)
 		}
 		results := make([]ReplayResult, len(ds))
 		for i, d := range ds {
@@ -321,11 +321,11 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 		results = results[:0]
 		rows, err := tx.Query(ctx, dl.q.ReplayBatch, args...)
 		if err != nil {
-			return fmt.Errorf("consumer: replay: %w", err)
+			return fmt.Errorf("deadletter: replay: %w", err)
 		}
 		ds, err := pgx.CollectRows(rows, dl.scan)
 		if err != nil {
-			return fmt.Errorf("consumer: replay: %w", err)
+			return fmt.Errorf("deadletter: replay: %w", err)
 		}
 		var replayed []int64
 		for _, d := range ds {
@@ -340,7 +340,7 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 		}
 		if len(replayed) > 0 {
 			if _, err := tx.Exec(ctx, dl.q.MarkReplayed, replayed); err != nil {
-				return fmt.Errorf("consumer: replay: record: %w", err)
+				return fmt.Errorf("deadletter: replay: record: %w", err)
 			}
 		}
 		return nil
@@ -354,17 +354,17 @@ func (dl *DeadLetters) replayBatch(ctx context.Context, f Filter, opts ReplayOpt
 // republish writes d's message into the outbox, inside tx, under a generation of
 // its own: two dead letters of one subject and key (one per consumer, say) replayed
 // together must not share a Nats-Msg-Id.
-func (dl *DeadLetters) republish(ctx context.Context, tx pgx.Tx, d DeadLetter) error {
+func (dl *Queue) republish(ctx context.Context, tx pgx.Tx, d Letter) error {
 	generation := fmt.Sprintf("replay-%d-%d", d.ID, time.Now().UnixNano())
 	if err := dl.outbox.Republish(ctx, tx, generation, d.replayFor(), d.message()); err != nil {
-		return fmt.Errorf("consumer: replay dead letter %d: %w", d.ID, err)
+		return fmt.Errorf("deadletter: replay dead letter %d: %w", d.ID, err)
 	}
 	return nil
 }
 
 // message is what a replay of d publishes: the original subject, key, name,
 // headers and payload.
-func (d DeadLetter) message() idem.Message {
+func (d Letter) message() idem.Message {
 	headers := make(map[string]string, len(d.Headers))
 	for k, v := range d.Headers {
 		// The relay sets its own headers afresh; the broker's are instructions to
@@ -382,7 +382,7 @@ func (d DeadLetter) message() idem.Message {
 
 // replayFor is the consumer a replay of d is for: the one that dead-lettered it, or
 // every consumer of the subject for a dead letter the relay filed.
-func (d DeadLetter) replayFor() string {
+func (d Letter) replayFor() string {
 	if d.Consumer == outbox.RelayConsumer {
 		return ""
 	}
@@ -397,7 +397,7 @@ const replayMargin = time.Hour
 // A replay stays in the stream for up to inTransit (its MaxAge, and a margin for
 // the relay): a consumer lagging that long reads it then, so the replay must be
 // sent that long before the horizon, or it may arrive after the key is forgotten.
-func (d DeadLetter) refusal(force bool, inTransit time.Duration) error {
+func (d Letter) refusal(force bool, inTransit time.Duration) error {
 	if _, _, err := idem.ParseScopedKey(d.Key); err != nil {
 		return fmt.Errorf("%w: no valid %s (%w): fix its producer instead", ErrReplayRefused, idem.HeaderKey, err)
 	}
@@ -433,7 +433,7 @@ func (d DeadLetter) refusal(force bool, inTransit time.Duration) error {
 }
 
 // result is d's line in a report: action, or refused with the reason.
-func (d DeadLetter) result(action string, refused error) ReplayResult {
+func (d Letter) result(action string, refused error) ReplayResult {
 	r := ReplayResult{ID: d.ID, Consumer: d.Consumer, Key: d.Key, Action: action}
 	if refused != nil {
 		r.Action, r.Reason = ActionRefused, refused.Error()
@@ -445,24 +445,24 @@ type queryer interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-func (dl *DeadLetters) get(ctx context.Context, db queryer, sql string, id int64) (DeadLetter, error) {
+func (dl *Queue) get(ctx context.Context, db queryer, sql string, id int64) (Letter, error) {
 	rows, err := db.Query(ctx, sql, id)
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: %w", id, err)
+		return Letter{}, fmt.Errorf("deadletter: dead letter %d: %w", id, err)
 	}
 	d, err := pgx.CollectExactlyOneRow(rows, dl.scan)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: not found", id)
+		return Letter{}, fmt.Errorf("deadletter: dead letter %d: not found", id)
 	}
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("consumer: dead letter %d: %w", id, err)
+		return Letter{}, fmt.Errorf("deadletter: dead letter %d: %w", id, err)
 	}
 	return d, nil
 }
 
 // scan reads a dead letter (store.DeadLetters' columns) and dates its ReplayBy.
-func (dl *DeadLetters) scan(row pgx.CollectableRow) (DeadLetter, error) {
-	var d DeadLetter
+func (dl *Queue) scan(row pgx.CollectableRow) (Letter, error) {
+	var d Letter
 	var headers []byte
 	err := row.Scan(&d.ID, &d.Consumer, &d.Key, &d.Message, &d.Subject, &headers, &d.Payload, &d.Reason, &d.Deliveries, &d.CreatedAt, &d.ReplayedAt,
 		&d.InboxExpiresAt, &d.readAt)

@@ -1,4 +1,4 @@
-package consumer_test
+package deadletter_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/consumer"
+	"github.com/idemkit/idem/deadletter"
 	"github.com/idemkit/idem/internal/parts"
 	"github.com/idemkit/idem/internal/relay"
 	"github.com/idemkit/idem/internal/testkit/pgtest"
@@ -42,12 +42,12 @@ func ids[T any](xs []T, id func(T) int64) []int64 {
 	return out
 }
 
-func dlIDs(ds []consumer.DeadLetter) []int64 {
-	return ids(ds, func(d consumer.DeadLetter) int64 { return d.ID })
+func dlIDs(ds []deadletter.Letter) []int64 {
+	return ids(ds, func(d deadletter.Letter) int64 { return d.ID })
 }
 
 // actions renders a report as id:action pairs, oldest first.
-func actions(rep consumer.ReplayReport) map[int64]string {
+func actions(rep deadletter.ReplayReport) map[int64]string {
 	out := map[int64]string{}
 	for _, r := range rep.Results {
 		out[r.ID] = r.Action
@@ -76,23 +76,23 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dls := consumer.NewDeadLetters(env.Inst)
+	dls := deadletter.New(env.Inst)
 	now := time.Now()
 	for _, tc := range []struct {
 		name string
-		f    consumer.Filter
+		f    deadletter.Filter
 		want []int64
 	}{
-		{"zero filter: not replayed", consumer.Filter{}, []int64{d6, d5, d4, d3, d2, d1}},
-		{"include replayed", consumer.Filter{IncludeReplayed: true}, []int64{d7, d6, d5, d4, d3, d2, d1}},
-		{"consumer", consumer.Filter{Consumer: "billing"}, []int64{d6, d5, d4, d2, d1}},
-		{"reason prefix", consumer.Filter{ReasonPrefix: "permanent"}, []int64{d5, d4, d3, d1}},
-		{"since", consumer.Filter{Since: now.Add(-90 * time.Minute)}, []int64{d6, d5, d4, d3}},
-		{"until", consumer.Filter{Until: now.Add(-90 * time.Minute)}, []int64{d2, d1}},
-		{"ids, replayed excluded", consumer.Filter{IDs: []int64{d1, d3, d7}}, []int64{d3, d1}},
-		{"no ids", consumer.Filter{IDs: []int64{}}, []int64{}},
-		{"limit", consumer.Filter{Limit: 2}, []int64{d6, d5}},
-		{"everything at once", consumer.Filter{Consumer: "billing", ReasonPrefix: "perm", Since: now.Add(-4 * time.Hour), Until: now.Add(-20 * time.Minute)}, []int64{d4, d1}},
+		{"zero filter: not replayed", deadletter.Filter{}, []int64{d6, d5, d4, d3, d2, d1}},
+		{"include replayed", deadletter.Filter{IncludeReplayed: true}, []int64{d7, d6, d5, d4, d3, d2, d1}},
+		{"consumer", deadletter.Filter{Consumer: "billing"}, []int64{d6, d5, d4, d2, d1}},
+		{"reason prefix", deadletter.Filter{ReasonPrefix: "permanent"}, []int64{d5, d4, d3, d1}},
+		{"since", deadletter.Filter{Since: now.Add(-90 * time.Minute)}, []int64{d6, d5, d4, d3}},
+		{"until", deadletter.Filter{Until: now.Add(-90 * time.Minute)}, []int64{d2, d1}},
+		{"ids, replayed excluded", deadletter.Filter{IDs: []int64{d1, d3, d7}}, []int64{d3, d1}},
+		{"no ids", deadletter.Filter{IDs: []int64{}}, []int64{}},
+		{"limit", deadletter.Filter{Limit: 2}, []int64{d6, d5}},
+		{"everything at once", deadletter.Filter{Consumer: "billing", ReasonPrefix: "perm", Since: now.Add(-4 * time.Hour), Until: now.Add(-20 * time.Minute)}, []int64{d4, d1}},
 	} {
 		got, err := dls.Find(ctx, tc.f)
 		if err != nil {
@@ -102,7 +102,7 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 			t.Errorf("%s: Find = %v, want %v", tc.name, dlIDs(got), tc.want)
 		}
 	}
-	if _, err := dls.Find(ctx, consumer.Filter{Limit: -1}); err == nil {
+	if _, err := dls.Find(ctx, deadletter.Filter{Limit: -1}); err == nil {
 		t.Error("Find with a negative limit succeeded")
 	}
 	if got, err := dls.List(ctx, 3); err != nil || !slices.Equal(dlIDs(got), []int64{d7, d6, d5}) {
@@ -110,20 +110,20 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 	}
 
 	outboxRows := func() int { return db.Count(t, `SELECT count(*) FROM idem_outbox`) }
-	billingPermanent := consumer.Filter{Consumer: "billing", ReasonPrefix: "permanent"}
+	billingPermanent := deadletter.Filter{Consumer: "billing", ReasonPrefix: "permanent"}
 
-	dry, err := dls.Replay(ctx, billingPermanent, consumer.ReplayOptions{DryRun: true})
+	dry, err := dls.Replay(ctx, billingPermanent, deadletter.ReplayOptions{DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := ids(dry.Results, func(r consumer.ReplayResult) int64 { return r.ID }); !slices.Equal(got, []int64{d1, d4, d5}) {
+	if got := ids(dry.Results, func(r deadletter.ReplayResult) int64 { return r.ID }); !slices.Equal(got, []int64{d1, d4, d5}) {
 		t.Errorf("dry run covers %v, want %v oldest first", got, []int64{d1, d4, d5})
 	}
-	if a := actions(dry); a[d1] != consumer.ActionWouldReplay || a[d4] != consumer.ActionRefused || a[d5] != consumer.ActionRefused {
+	if a := actions(dry); a[d1] != deadletter.ActionWouldReplay || a[d4] != deadletter.ActionRefused || a[d5] != deadletter.ActionRefused {
 		t.Errorf("dry run actions = %v", a)
 	}
 	for _, r := range dry.Results {
-		if (r.Action == consumer.ActionRefused) != (r.Reason != "") {
+		if (r.Action == deadletter.ActionRefused) != (r.Reason != "") {
 			t.Errorf("dead letter %d: action %s with reason %q", r.ID, r.Action, r.Reason)
 		}
 	}
@@ -134,41 +134,41 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 		t.Fatalf("a dry run marked dead letters replayed")
 	}
 
-	rep, err := dls.Replay(ctx, billingPermanent, consumer.ReplayOptions{})
+	rep, err := dls.Replay(ctx, billingPermanent, deadletter.ReplayOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := actions(rep); len(a) != 3 || a[d1] != consumer.ActionReplayed || a[d4] != consumer.ActionRefused || a[d5] != consumer.ActionRefused {
+	if a := actions(rep); len(a) != 3 || a[d1] != deadletter.ActionReplayed || a[d4] != deadletter.ActionRefused || a[d5] != deadletter.ActionRefused {
 		t.Errorf("replay actions = %v, want d1 replayed, d4 and d5 refused", a)
 	}
-	if rep.Count(consumer.ActionReplayed) != 1 || rep.Count(consumer.ActionRefused) != 2 {
-		t.Errorf("counts: replayed %d, refused %d", rep.Count(consumer.ActionReplayed), rep.Count(consumer.ActionRefused))
+	if rep.Count(deadletter.ActionReplayed) != 1 || rep.Count(deadletter.ActionRefused) != 2 {
+		t.Errorf("counts: replayed %d, refused %d", rep.Count(deadletter.ActionReplayed), rep.Count(deadletter.ActionRefused))
 	}
 	if n := db.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k1' AND headers->>$1 = 'billing' AND headers->>'X-Trace' = 't'`, idem.HeaderReplayFor); n != 1 {
 		t.Errorf("outbox rows of k1 for billing with its original headers = %d, want 1", n)
 	}
 	// Replayed ones drop out of the selection; the refused stay refused.
-	rep, err = dls.Replay(ctx, billingPermanent, consumer.ReplayOptions{})
+	rep, err = dls.Replay(ctx, billingPermanent, deadletter.ReplayOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := actions(rep); len(a) != 2 || a[d4] != consumer.ActionRefused || a[d5] != consumer.ActionRefused {
+	if a := actions(rep); len(a) != 2 || a[d4] != deadletter.ActionRefused || a[d5] != deadletter.ActionRefused {
 		t.Errorf("second replay actions = %v, want d4 and d5 refused", a)
 	}
 	// Forced: past and unknown horizons go; a keyless dead letter never does.
-	rep, err = dls.Replay(ctx, consumer.Filter{IDs: []int64{d4, d5, d6}}, consumer.ReplayOptions{Force: true})
+	rep, err = dls.Replay(ctx, deadletter.Filter{IDs: []int64{d4, d5, d6}}, deadletter.ReplayOptions{Force: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := actions(rep); a[d4] != consumer.ActionReplayed || a[d5] != consumer.ActionReplayed || a[d6] != consumer.ActionRefused {
+	if a := actions(rep); a[d4] != deadletter.ActionReplayed || a[d5] != deadletter.ActionReplayed || a[d6] != deadletter.ActionRefused {
 		t.Errorf("forced replay actions = %v, want d4, d5 replayed and d6 refused", a)
 	}
 	// The rest, one per transaction.
-	rep, err = dls.Replay(ctx, consumer.Filter{}, consumer.ReplayOptions{BatchSize: 1})
+	rep, err = dls.Replay(ctx, deadletter.Filter{}, deadletter.ReplayOptions{BatchSize: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a := actions(rep); len(a) != 3 || a[d2] != consumer.ActionReplayed || a[d3] != consumer.ActionReplayed || a[d6] != consumer.ActionRefused {
+	if a := actions(rep); len(a) != 3 || a[d2] != deadletter.ActionReplayed || a[d3] != deadletter.ActionReplayed || a[d6] != deadletter.ActionRefused {
 		t.Errorf("batch-of-one replay actions = %v, want d2, d3 replayed and d6 refused", a)
 	}
 	if n := outboxRows(); n != 5 {
@@ -178,11 +178,11 @@ func TestDeadLetterFilterAndBulkReplay(t *testing.T) {
 		t.Errorf("dead letters not replayed = %d, want only the keyless one", n)
 	}
 	// A limit counts dead letters selected, replayed ones included on request.
-	rep, err = dls.Replay(ctx, consumer.Filter{IncludeReplayed: true, Limit: 2}, consumer.ReplayOptions{DryRun: true, BatchSize: 1})
+	rep, err = dls.Replay(ctx, deadletter.Filter{IncludeReplayed: true, Limit: 2}, deadletter.ReplayOptions{DryRun: true, BatchSize: 1})
 	if err != nil || len(rep.Results) != 2 || rep.Results[0].ID != d1 || rep.Results[1].ID != d2 {
 		t.Errorf("limited dry run = %+v, %v; want d1 and d2", rep.Results, err)
 	}
-	if _, err := dls.Replay(ctx, consumer.Filter{Limit: -1}, consumer.ReplayOptions{}); err == nil {
+	if _, err := dls.Replay(ctx, deadletter.Filter{Limit: -1}, deadletter.ReplayOptions{}); err == nil {
 		t.Error("Replay with a negative limit succeeded")
 	}
 }
@@ -196,9 +196,9 @@ func TestBulkReplayGivesEachDeadLetterItsOwnMsgID(t *testing.T) {
 	within := ptr("2 days") // past the time a replay may spend in the stream
 	fileDeadLetter(t, env.DB, "billing", "k-same", "permanent handler error", "1 minute", within)
 	fileDeadLetter(t, env.DB, "audit", "k-same", "permanent handler error", "1 minute", within)
-	dls := consumer.NewDeadLetters(env.Inst)
-	rep, err := dls.Replay(ctx, consumer.Filter{}, consumer.ReplayOptions{})
-	if err != nil || rep.Count(consumer.ActionReplayed) != 2 {
+	dls := deadletter.New(env.Inst)
+	rep, err := dls.Replay(ctx, deadletter.Filter{}, deadletter.ReplayOptions{})
+	if err != nil || rep.Count(deadletter.ActionReplayed) != 2 {
 		t.Fatalf("Replay = %+v, %v; want both replayed", rep, err)
 	}
 	rl, err := relay.New(parts.Of(env.Inst), relay.Config{})
@@ -229,7 +229,7 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 	}
 	exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
 	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '2 days' FROM generate_series(1, 40) g`)
-	dls := consumer.NewDeadLetters(env.Inst)
+	dls := deadletter.New(env.Inst)
 
 	// Another operator's replay holds the first five.
 	other, err := db.Pool.Begin(ctx)
@@ -242,12 +242,12 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 		t.Fatalf("lock the first five: %d, %v", held, err)
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	rep, err := dls.Replay(waitCtx, consumer.Filter{}, consumer.ReplayOptions{BatchSize: 7})
+	rep, err := dls.Replay(waitCtx, deadletter.Filter{}, deadletter.ReplayOptions{BatchSize: 7})
 	cancel()
 	if err != nil {
 		t.Fatalf("Replay beside a held lock: %v (it must skip the held rows, not wait)", err)
 	}
-	if n := rep.Count(consumer.ActionReplayed); n != 35 || len(rep.Results) != 35 {
+	if n := rep.Count(deadletter.ActionReplayed); n != 35 || len(rep.Results) != 35 {
 		t.Fatalf("replayed %d of %d results, want the 35 not held", n, len(rep.Results))
 	}
 	if err := other.Rollback(ctx); err != nil {
@@ -258,10 +258,12 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 	exec(`INSERT INTO idem_dead_letters (consumer, key, subject, payload, reason, inbox_expires_at)
 	      SELECT 'c', 'k-' || g, 'test.effects', '{}', 'permanent handler error', now() + interval '2 days' FROM generate_series(41, 100) g`)
 	var wg sync.WaitGroup
-	reps := make([]consumer.ReplayReport, 2)
+	reps := make([]deadletter.ReplayReport, 2)
 	errs := make([]error, 2)
 	for i := range reps {
-		wg.Go(func() { reps[i], errs[i] = dls.Replay(ctx, consumer.Filter{}, consumer.ReplayOptions{BatchSize: 2}) })
+		wg.Go(func() {
+			reps[i], errs[i] = dls.Replay(ctx, deadletter.Filter{}, deadletter.ReplayOptions{BatchSize: 2})
+		})
 	}
 	wg.Wait()
 	seen := map[int64]int{}
@@ -270,7 +272,7 @@ func TestConcurrentBulkReplaysReplayEachDeadLetterOnce(t *testing.T) {
 			t.Fatalf("replay %d: %v", i, errs[i])
 		}
 		for _, res := range r.Results {
-			if res.Action != consumer.ActionReplayed {
+			if res.Action != deadletter.ActionReplayed {
 				t.Errorf("dead letter %d: %s %s", res.ID, res.Action, res.Reason)
 			}
 			seen[res.ID]++
@@ -301,8 +303,8 @@ func TestReplayOfARelayDeadLetterIsForEveryConsumer(t *testing.T) {
 	env := testenv.New(t)
 	ctx := context.Background()
 	id := fileDeadLetter(t, env.DB, outbox.RelayConsumer, "k-relay", "relay: maximum payload exceeded", "1 minute", nil)
-	dls := consumer.NewDeadLetters(env.Inst)
-	if res, err := dls.ReplayID(ctx, id, consumer.ReplayOptions{}); err != nil || res.Action != consumer.ActionReplayed {
+	dls := deadletter.New(env.Inst)
+	if res, err := dls.ReplayID(ctx, id, deadletter.ReplayOptions{}); err != nil || res.Action != deadletter.ActionReplayed {
 		t.Fatalf("ReplayID = %+v, %v; want replayed", res, err)
 	}
 	if n := env.DB.Count(t, `SELECT count(*) FROM idem_outbox WHERE key = 'k-relay' AND NOT headers ? $1`, idem.HeaderReplayFor); n != 1 {
