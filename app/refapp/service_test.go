@@ -303,13 +303,15 @@ func TestTraceContextAndMetrics(t *testing.T) {
 	if !strings.Contains(headers, traceID) {
 		t.Errorf("outbox headers %s do not carry the request's trace id", headers)
 	}
-	testenv.Eventually(t, 45*time.Second, "consumer span in the request's trace", func() bool {
+	// The relay ends its publish span once the stream has acknowledged the batch,
+	// which may be after the consumer has already processed the message: wait for both.
+	testenv.Eventually(t, 45*time.Second, "the consumer span in the request's trace and the relay's publish span", func() bool {
+		var processed, published bool
 		for _, sp := range rec.Ended() {
-			if strings.HasPrefix(sp.Name(), "process ") && sp.SpanContext().TraceID().String() == traceID {
-				return true
-			}
+			processed = processed || strings.HasPrefix(sp.Name(), "process ") && sp.SpanContext().TraceID().String() == traceID
+			published = published || sp.Name() == "publish "+refapp.SubjectCharge
 		}
-		return false
+		return processed && published
 	})
 	// The whole chain, by the messaging conventions: the HTTP server span named by
 	// its route, the enqueue span in the request's trace, the relay's publish span
